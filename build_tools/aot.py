@@ -1,0 +1,185 @@
+"""The ahead-of-time driver: TileLang source -> CUDA C++ + launch metadata -> manifest.
+
+CMake calls it in three roles (see CMakeLists.txt):
+
+  aot.py list                         variant ids and their kernel sources, one per line
+  aot.py lower ID --out DIR --arch A  lower one variant for each arch A: DIR/A/ID.cu + DIR/A/ID.json
+  aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json
+
+nvcc runs between `lower` and `manifest`, one command per (variant, arch), so ninja
+parallelises and a rebuild redoes only what changed. Everything the runtime loader
+needs is read from the lowered IR here (../shared/notes/tilelang_aot.md), never assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+MANIFEST_VERSION = 1
+# Lowered-IR parameter dtypes -> the launcher's signature letters.
+PARAM_KINDS = {"handle": "p", "int32": "i", "int64": "l", "float32": "f"}
+LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
+
+
+def variants_by_id():
+    from tilebake._registry import all_variants
+
+    return {v.id: v for v in all_variants()}
+
+
+def cmd_list(args):
+    for vid, v in variants_by_id().items():
+        print(f"{vid}|kernels_tl/{v.family}/{v.op}.py")
+
+
+def check_launch_expr(text: str, names: set[str]) -> str:
+    """Grid and block come out as TIR expressions of runtime dims; the runtime evaluates
+    them, so only integer arithmetic on known parameter names is allowed through."""
+    allowed = (ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Name,
+               ast.Load, ast.Constant, ast.Call)
+    tree = ast.parse(text, mode="eval")
+    for node in ast.walk(tree):
+        ok = isinstance(node, allowed)
+        ok = ok and not (isinstance(node, ast.Name) and node.id not in names | {"min", "max"})
+        ok = ok and not (isinstance(node, ast.Constant) and type(node.value) is not int)
+        ok = ok and not (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in ("min", "max")))
+        if not ok:
+            raise SystemExit(f"aot: launch expression {text!r} uses {ast.dump(node)}, which the runtime cannot evaluate")
+    return text
+
+
+def lower_one(v, arch: str, out_dir: Path):
+    import importlib
+
+    import tilelang
+    from tilelang import tvm
+    from tvm.target import Target
+
+    source = importlib.import_module(f"kernels_tl.{v.family}.{v.op}")
+    target = Target({"kind": "cuda", "arch": arch})  # explicit arch: bare "cuda" silently means sm_50
+    with tvm.transform.PassContext(opt_level=3, config=getattr(source, "PASS_CONFIGS", {})), target:
+        artifact = tilelang.lower(source.build(v), target=target)
+
+    kernels = [(gv, f) for gv, f in artifact.device_mod.functions.items() if f.attrs.get("tirx.is_global_func")]
+    if len(kernels) != 1:
+        raise SystemExit(f"aot: {v.id} lowered to {len(kernels)} device kernels; one is supported")
+    _, func = kernels[0]
+    host = str(artifact.host_mod)
+    if "tensormap" in host:
+        raise SystemExit(f"aot: {v.id} uses TMA descriptors, which the launcher does not encode yet")
+    params = []
+    for p in func.params:
+        dtype = str(p.dtype)
+        if dtype not in PARAM_KINDS:
+            raise SystemExit(f"aot: {v.id} parameter {p.name} has dtype {dtype}; supported: {sorted(PARAM_KINDS)}")
+        params.append({"name": p.name, "kind": PARAM_KINDS[dtype]})
+    names = {p["name"] for p in params}
+    extents = func.attrs["thread_extent"]
+    launch = [check_launch_expr(str(extents[a]) if a in extents else "1", names) for a in LAUNCH_AXES]
+    smem = func.attrs.get("dyn_shared_memory_buf")
+    if smem is not None and not isinstance(smem, (int, tvm.tirx.IntImm)):
+        raise SystemExit(f"aot: {v.id} has dynamic shared memory {smem} that depends on runtime dims; make it constant")
+    meta = {
+        "id": v.id,
+        "op": v.op,
+        "family": v.family,
+        "key": {k: getattr(v, k) for k in v.__dataclass_fields__},
+        "backend": "cuda",
+        "arch": arch,
+        "entry": str(func.attrs["global_symbol"]),
+        "params": params,
+        "grid": launch[:3],
+        "block": launch[3:],
+        "dynamic_smem": int(smem) if smem is not None else 0,
+        "tma_descriptors": [],
+    }
+    arch_dir = out_dir / arch
+    arch_dir.mkdir(parents=True, exist_ok=True)
+    (arch_dir / f"{v.id}.cu").write_text(artifact.kernel_source)
+    (arch_dir / f"{v.id}.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def cmd_lower(args):
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(Path(args.out) / ".tilelang_cache"))  # hermetic build
+    v = variants_by_id()[args.id]
+    start = time.time()
+    for arch in args.arch:
+        lower_one(v, arch, Path(args.out))
+    print(f"aot: lowered {v.id} for {', '.join(args.arch)} in {time.time() - start:.1f}s")
+
+
+def tool_version(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def source_fingerprint() -> str:
+    """sha256 over kernels_tl/ and the variant declarations: what the binaries were built from."""
+    h = hashlib.sha256()
+    for path in sorted([*ROOT.glob("kernels_tl/**/*.py"), *ROOT.glob("src/tilebake/**/*.py")]):
+        h.update(str(path.relative_to(ROOT)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cmd_manifest(args):
+    import tilelang
+
+    out = Path(args.out)
+    kernels = {}
+    for vid in variants_by_id():
+        for arch in args.arch:
+            meta = json.loads((out / arch / f"{vid}.json").read_text())
+            cubin = out / arch / f"{vid}.cubin"
+            meta["binary"] = f"{arch}/{cubin.name}"
+            meta["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()
+            kernels.setdefault(vid, {})[arch] = meta
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "backends": {"cuda": {"archs": args.arch}},
+        "tilelang_version": tilelang.__version__,
+        "nvcc_version": tool_version([args.nvcc, "--version"]),
+        "nvcc_flags": args.nvcc_flags,
+        "source_sha256": source_fingerprint(),
+        "git_commit": git.stdout.strip() if git.returncode == 0 else "unknown",
+        "kernels": kernels,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    print(f"aot: manifest with {len(kernels)} variants x {len(args.arch)} archs")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list").set_defaults(fn=cmd_list)
+    p = sub.add_parser("lower")
+    p.add_argument("id")
+    p.add_argument("--out", required=True)
+    p.add_argument("--arch", action="append", required=True)
+    p.set_defaults(fn=cmd_lower)
+    p = sub.add_parser("manifest")
+    p.add_argument("--out", required=True)
+    p.add_argument("--arch", action="append", required=True)
+    p.add_argument("--nvcc", default="nvcc")
+    p.add_argument("--nvcc-flags", default="")
+    p.set_defaults(fn=cmd_manifest)
+    args = parser.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Per-token (1 x num_per_channels) FP8 e4m3 cast, as a TileLang factory.
+
+Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
+
+Arithmetic (../shared/spec/numerics.md): amax over the group's valid elements,
+c = max(amax, clamp); plain SF: sf = c / 448, inv = 448 / c (two true divisions);
+round_sf: s = c * (1/448), sf = 2^e with e = ((bits(s) - 1) >> 23) + 1 - 127, inv = 2^-e;
+q = e4m3_rne(clamp(x * inv, -448, 448)).
+
+Thread mapping: each thread owns one 16-byte vector (8 bf16 or 4 fp32) of a row;
+`lanes` consecutive lanes own one SF group and reduce its amax with warp shuffles.
+A CTA covers `rows_per_cta` rows x `cols_per_cta` columns; every row and column
+tail is masked per vector, so one binary serves every (num_tokens, hidden) with
+hidden % vec == 0. All sizes and strides are runtime arguments.
+"""
+
+import tilelang.language as T
+
+from tilebake.quant.per_token_cast import PerTokenCastVariant
+
+THREADS = 256
+THREADS_PER_ROW = 64  # 64 x 16 B = 1 KiB of input per row per pass
+ROWS_PER_THREAD = 4  # independent 16-byte loads in flight per thread
+# Every access is guarded per 16-byte vector below; TileLang's per-element guards
+# would split each vector load into eight scalar ones.
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+
+
+def build(v: PerTokenCastVariant):
+    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    vec = 16 // (2 if v.in_dtype == "bf16" else 4)
+    npc = v.num_per_channels
+    lanes = npc // vec  # lanes sharing one SF group (a power of two <= 32)
+    assert 1 <= lanes <= 32 and 32 % lanes == 0, v
+    rows_per_pass = THREADS // THREADS_PER_ROW
+    rows_per_cta = rows_per_pass * ROWS_PER_THREAD
+    cols_per_cta = THREADS_PER_ROW * vec
+    fmt_max = 448.0
+    sf_dtype = "uint8" if v.packed_ue8m0 else "float32"
+
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")
+    x_stride = T.dynamic("x_stride")
+    y_stride = T.dynamic("y_stride")
+    # SF strides are runtime, so row-major and TMA-aligned column-major share a binary.
+    # Packed UE8M0 is addressed as bytes (token, word, byte-in-word).
+    sf_stride_t = T.dynamic("sf_stride_t")
+    sf_stride_g = T.dynamic("sf_stride_g")
+    num_groups = T.ceildiv(hidden, npc)
+    if v.packed_ue8m0:
+        sf_shape, sf_strides = (num_tokens, T.ceildiv(num_groups, 4), 4), (sf_stride_t, sf_stride_g, 1)
+    else:
+        sf_shape, sf_strides = (num_tokens, num_groups), (sf_stride_t, sf_stride_g)
+
+    @T.prim_func
+    def per_token_cast_kernel(
+        X: T.StridedTensor((num_tokens, hidden), (x_stride, 1), in_dtype),
+        Y: T.StridedTensor((num_tokens, hidden), (y_stride, 1), "float8_e4m3fn"),
+        S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),
+        amax_clamp: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), T.ceildiv(hidden, cols_per_cta), threads=THREADS) as (bx, by):
+            # The host checks these; they let every row access be one 16-byte vector.
+            T.assume(x_stride % vec == 0)
+            T.assume(y_stride % 16 == 0)
+            T.assume(hidden % vec == 0)
+            tx = T.get_thread_binding(0)
+            col = by * cols_per_cta + (tx % THREADS_PER_ROW) * vec
+            group = col // npc
+            xs = T.alloc_local((ROWS_PER_THREAD, vec), "float32")
+            ys = T.alloc_local((vec,), "float8_e4m3fn")
+            for u in T.unroll(ROWS_PER_THREAD):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+                if row < num_tokens and col < hidden:
+                    for j in T.vectorized(vec):
+                        xs[u, j] = T.cast(X[row, col + j], "float32")
+                else:
+                    for j in T.vectorized(vec):
+                        xs[u, j] = T.float32(0)
+            for u in T.unroll(ROWS_PER_THREAD):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+                amax = T.alloc_var("float32")
+                amax = T.float32(0)
+                for j in T.unroll(vec):
+                    amax = T.max(amax, T.abs(xs[u, j]))
+                for s in T.unroll(lanes.bit_length() - 1):
+                    amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                c = T.max(amax, amax_clamp)
+                # round_sf: the power-of-two exponent of the scale, rounded up.
+                e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                owner = row < num_tokens and col < hidden and (tx % lanes) == 0
+                if v.packed_ue8m0:
+                    if owner:
+                        S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                        # The last group zero-fills the rest of its 4-byte word.
+                        if group == num_groups - 1:
+                            for k in T.serial(3 - group % 4):
+                                S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                elif owner:
+                    S[row, group] = T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                for j in T.vectorized(vec):
+                    ys[j] = T.cast(T.clamp(xs[u, j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                if row < num_tokens and col < hidden:
+                    for j in T.vectorized(vec):
+                        Y[row, col + j] = ys[j]
+
+    return per_token_cast_kernel

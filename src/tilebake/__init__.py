@@ -1,0 +1,38 @@
+"""tilebake: TileLang kernels for LLM training and inference, compiled ahead of time.
+
+`import tilebake as tile_kernels` gives the TileKernels 2.1.0 API. Importing compiles
+nothing, loads no native code and writes no file: kernels are loaded on first use.
+"""
+
+from tilebake import config, quant, torch, utils
+from tilebake.config import (
+    get_amax_clamp_for_quant,
+    get_deterministic_algorithms,
+    get_num_sms,
+    get_pdl,
+    get_token_alignment,
+    set_amax_clamp_for_quant,
+    set_num_sms,
+    set_pdl,
+    set_token_alignment,
+    use_deterministic_algorithms,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "config",
+    "quant",
+    "torch",
+    "utils",
+    "get_amax_clamp_for_quant",
+    "get_deterministic_algorithms",
+    "get_num_sms",
+    "get_pdl",
+    "get_token_alignment",
+    "set_amax_clamp_for_quant",
+    "set_num_sms",
+    "set_pdl",
+    "set_token_alignment",
+    "use_deterministic_algorithms",
+]

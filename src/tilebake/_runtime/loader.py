@@ -1,0 +1,142 @@
+"""Binds the wheel's precompiled kernels to torch tensors.
+
+The manifest (written by build_tools/aot.py) is the one contract with the build: per
+variant and arch it names the binary, its sha256, the entry symbol, the kernel's
+parameter order and the launch geometry as expressions of runtime dims. Nothing here
+compiles, writes files or imports tilelang. A binary is read, verified and loaded the
+first time its variant runs on a device; later calls cost one dict lookup, two small
+Python calls and one native launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import operator
+from pathlib import Path
+
+import torch
+
+from tilebake.errors import CorruptArtifactError, NoBinaryForDeviceError, VariantNotBuiltError
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+MANIFEST_VERSION = 1
+
+
+@functools.cache
+def manifest() -> dict:
+    path = KERNEL_DIR / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptArtifactError(
+            f"{path} is missing: this tilebake installation has no compiled kernels "
+            "(was it installed from a source tree without building?)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise CorruptArtifactError(f"{path} is unreadable: {e}") from None
+    if data.get("manifest_version") != MANIFEST_VERSION:
+        raise CorruptArtifactError(
+            f"{path} has manifest_version {data.get('manifest_version')!r}; this runtime reads {MANIFEST_VERSION}"
+        )
+    return data
+
+
+def arch_of(capability: tuple[int, int]) -> str:
+    """The binary arch that runs on a compute capability. Hopper and newer binaries are
+    built for the arch-specific targets (sm_90a, sm_100a), which run on exactly one CC."""
+    major, minor = capability
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+@functools.cache
+def device_arch(device_index: int) -> str:
+    return arch_of(torch.cuda.get_device_capability(device_index))
+
+
+@functools.cache
+def _native():
+    """The native launcher, imported on the first launch so `import tilebake` loads no extension."""
+    from tilebake._runtime import _launcher
+    from tilebake.errors import CudaDriverError
+
+    _launcher._set_error_type(CudaDriverError)
+    return _launcher
+
+
+def _compile_grid(exprs: list[str], arg_names: tuple[str, ...]):
+    # The build only lets integer arithmetic on parameter names through (aot.check_launch_expr).
+    return eval(f"lambda {', '.join(arg_names)}: ({', '.join(exprs)},)", {"__builtins__": {"min": min, "max": max}})
+
+
+class Kernel:
+    """One compile-time variant of one op, loadable on any device the wheel covers.
+
+    `arg_names` is the order in which the op passes arguments; the manifest gives the
+    order the compiled kernel takes them in, which the lowering is free to change.
+    """
+
+    def __init__(self, variant, arg_names: tuple[str, ...]):
+        self.variant = variant
+        self.arg_names = arg_names
+        entries = manifest()["kernels"].get(variant.id)
+        if entries is None:
+            closest = "\n  ".join(type(variant).closest(variant))
+            raise VariantNotBuiltError(f"{variant.id} is not built into this wheel; the closest built variants:\n  {closest}")
+        self._entries = entries
+        self._per_device: dict[int, tuple] = {}
+
+    def _load(self, device_index: int) -> tuple:
+        launcher = _native()
+        arch = device_arch(device_index)
+        entry = self._entries.get(arch)
+        if entry is None:
+            raise NoBinaryForDeviceError(
+                f"cuda:{device_index} ({torch.cuda.get_device_name(device_index)}) is {arch}; "
+                f"this tilebake wheel has binaries for {', '.join(sorted(self._entries))} only"
+            )
+        path = KERNEL_DIR / entry["binary"]
+        try:
+            image = path.read_bytes()
+        except OSError as e:
+            raise CorruptArtifactError(f"kernel binary {path} is unreadable: {e}") from None
+        if hashlib.sha256(image).hexdigest() != entry["sha256"]:
+            raise CorruptArtifactError(f"kernel binary {path} does not match the sha256 in the manifest; reinstall tilebake")
+        params = [p["name"] for p in entry["params"]]
+        if sorted(params) != sorted(self.arg_names):
+            raise CorruptArtifactError(
+                f"{self.variant.id} for {arch} takes parameters {params}; the runtime passes {list(self.arg_names)}"
+            )
+        grid = _compile_grid(entry["grid"], self.arg_names)
+        block = tuple(int(b) for b in entry["block"])
+        smem = int(entry["dynamic_smem"])
+        signature = "".join(p["kind"] for p in entry["params"]).encode()
+        reorder = operator.itemgetter(*[self.arg_names.index(n) for n in params])
+        handle = launcher.load(image, entry["entry"], device_index, smem)
+        loaded = (handle, grid, block, smem, signature, reorder, launcher.launch)
+        self._per_device[device_index] = loaded
+        return loaded
+
+    def __call__(self, device_index: int, *args) -> None:
+        """Launch on torch's current stream of `device_index`, args in `arg_names` order."""
+        try:
+            handle, grid, block, smem, signature, reorder, launch = self._per_device[device_index]
+        except KeyError:
+            handle, grid, block, smem, signature, reorder, launch = self._load(device_index)
+        launch(handle, grid(*args), block, smem, torch._C._cuda_getCurrentRawStream(device_index), signature, reorder(args))
+
+
+class KernelTable:
+    """An op's kernels by compile-time key (a tuple of the variant's fields), built on first use."""
+
+    def __init__(self, variant_type, arg_names: tuple[str, ...]):
+        self.variant_type = variant_type
+        self.arg_names = arg_names
+        self._kernels: dict[tuple, Kernel] = {}
+
+    def __getitem__(self, key: tuple) -> Kernel:
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = Kernel(self.variant_type(*key), self.arg_names)
+        return kernel

@@ -1,0 +1,92 @@
+"""Runtime knobs (the original's tile_kernels.config). Values here are read per call
+and passed to kernels as arguments: changing one never needs another binary."""
+
+from __future__ import annotations
+
+_DEFAULT_AMAX_CLAMP = {
+    ("e4m3", False): 1e-4,
+    ("e4m3", True): 448.0 * 2.0**-9,
+    ("e2m1", False): 6.0 * 2.0**-126,
+    ("e2m1", True): 6.0 * 2.0**-9,
+}
+_amax_clamp = dict(_DEFAULT_AMAX_CLAMP)
+_token_alignment = 128
+_num_sms: int | None = None
+_pdl = False
+_deterministic = False
+
+
+def _check_fmt(fmt: str, use_e4m3_sf: bool) -> tuple[str, bool]:
+    key = (fmt, bool(use_e4m3_sf))
+    if key not in _DEFAULT_AMAX_CLAMP:
+        raise ValueError(f"fmt must be 'e4m3' or 'e2m1', got {fmt!r}")
+    return key
+
+
+def get_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool = False) -> float:
+    return _amax_clamp[_check_fmt(fmt, use_e4m3_sf)]
+
+
+def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, value: float) -> None:
+    """Minimum amax a block is clamped to before its scale is computed."""
+    key = _check_fmt(fmt, use_e4m3_sf)
+    if not value > 0:
+        raise ValueError(f"value must be a positive float, got {value!r}")
+    _amax_clamp[key] = float(value)
+
+
+def get_token_alignment() -> int:
+    return _token_alignment
+
+
+def set_token_alignment(n: int) -> None:
+    """Per-expert padding alignment of the SwiGLU psum layout."""
+    global _token_alignment
+    if not isinstance(n, int) or n <= 0:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    _token_alignment = n
+
+
+def get_device_num_sms() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def get_num_sms() -> int:
+    return _num_sms if _num_sms is not None else get_device_num_sms()
+
+
+def set_num_sms(n: int) -> None:
+    """Number of SMs persistent kernels may use (1 .. the device's count)."""
+    global _num_sms
+    limit = get_device_num_sms()
+    if not isinstance(n, int) or not 0 < n <= limit:
+        raise ValueError(f"n must be an int in [1, {limit}], got {n!r}")
+    _num_sms = n
+
+
+def get_pdl() -> bool:
+    return _pdl
+
+
+def set_pdl(enabled: bool) -> None:
+    """Programmatic dependent launch. Accepted for compatibility; no kernel uses it yet."""
+    global _pdl
+    _pdl = bool(enabled)
+
+
+def get_deterministic_algorithms() -> bool:
+    return _deterministic
+
+
+def use_deterministic_algorithms(enabled: bool) -> None:
+    global _deterministic
+    _deterministic = bool(enabled)
+
+
+def reset_runtime_config() -> None:
+    global _token_alignment, _num_sms, _pdl, _deterministic
+    _amax_clamp.clear()
+    _amax_clamp.update(_DEFAULT_AMAX_CLAMP)
+    _token_alignment, _num_sms, _pdl, _deterministic = 128, None, False, False

@@ -1,0 +1,21 @@
+"""Exception types raised by tilebake, so callers can tell a bad call from a bad install."""
+
+
+class TilebakeError(Exception):
+    """Base class of tilebake's own errors."""
+
+
+class VariantNotBuiltError(TilebakeError, NotImplementedError):
+    """The call needs a compile-time variant that this wheel does not contain."""
+
+
+class NoBinaryForDeviceError(TilebakeError, RuntimeError):
+    """The GPU's architecture has no binary in the installed wheel."""
+
+
+class CorruptArtifactError(TilebakeError, RuntimeError):
+    """A kernel binary or the manifest is missing, unreadable or fails its sha256 check."""
+
+
+class CudaDriverError(TilebakeError, RuntimeError):
+    """The CUDA driver refused a load or a launch."""

@@ -1,0 +1,97 @@
+"""Argument checks and scale-factor allocation shared by the quant ops.
+
+Every check names the argument, what is allowed and what was given, and mirrors an
+assumption a kernel was compiled with (the `T.assume`s in kernels_tl/quant/)."""
+
+from __future__ import annotations
+
+import torch
+
+from tilebake.utils import align, ceil_div
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+NUM_PER_CHANNELS = (16, 32, 64, 128)
+
+
+def check_fmt(fmt, allowed: tuple[str, ...], name: str = "fmt") -> None:
+    if fmt not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {fmt!r}")
+
+
+def check_num_per_channels(num_per_channels) -> None:
+    if num_per_channels not in NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
+        raise ValueError(f"num_per_channels must be one of {NUM_PER_CHANNELS}, got {num_per_channels!r}")
+
+
+def check_sf_options(round_sf: bool, use_packed_ue8m0: bool) -> None:
+    if use_packed_ue8m0 and not round_sf:
+        raise ValueError("use_packed_ue8m0=True needs round_sf=True (UE8M0 holds only powers of two)")
+
+
+def check_device(t: torch.Tensor, name: str) -> None:
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+
+
+def check_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> tuple[int, int]:
+    """A (T, H) matrix whose rows the kernels read as 16-byte vectors."""
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
+    num_tokens, hidden = x.shape
+    if hidden % hidden_multiple:
+        raise ValueError(f"{name}.shape[1] (hidden) must be a multiple of {hidden_multiple}, got {hidden}")
+    check_device(x, name)
+    if hidden > 1 and x.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
+    if num_tokens > 1 and (x.stride(0) * x.element_size()) % 16:
+        raise ValueError(
+            f"{name}'s row stride must be a multiple of 16 bytes, got {x.stride(0)} elements of {x.element_size()} bytes"
+        )
+    if x.data_ptr() % 16:
+        raise ValueError(f"{name} must start at a 16-byte aligned address (a view with a misaligned offset?)")
+    return num_tokens, hidden
+
+
+def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    check_rows(t, name, hidden_multiple=1)
+
+
+def sf_layout(num_groups: int, use_packed_ue8m0: bool) -> tuple[torch.dtype, int]:
+    """SF dtype and column count: fp32 per group, or int32 words of 4 UE8M0 bytes."""
+    return (torch.int32, ceil_div(num_groups, 4)) if use_packed_ue8m0 else (torch.float32, num_groups)
+
+
+def alloc_sf(num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool, device) -> torch.Tensor:
+    dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
+    if col_major:
+        # TMA-aligned: column-major, the token dim padded to 16 bytes (4 x 4-byte scales),
+        # handed out as a (T, cols) view with stride (1, padded T).
+        return torch.empty((cols, align(num_tokens, 4)), dtype=dtype, device=device).t()[:num_tokens]
+    return torch.empty((num_tokens, cols), dtype=dtype, device=device)
+
+
+def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, device) -> None:
+    dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {sf.dtype}")
+    if tuple(sf.shape) != (num_tokens, cols):
+        raise ValueError(f"{name} must have shape {(num_tokens, cols)}, got {tuple(sf.shape)}")
+    if sf.device != device:
+        raise ValueError(f"{name} must be on {device}, got {sf.device}")
+
+
+def sf_strides_for_kernel(sf: torch.Tensor, use_packed_ue8m0: bool) -> tuple[int, int]:
+    """Kernels address fp32 SF in elements and packed UE8M0 SF in bytes."""
+    if use_packed_ue8m0:
+        return sf.stride(0) * 4, sf.stride(1) * 4
+    return sf.stride(0), sf.stride(1)

@@ -1,0 +1,5 @@
+"""Plain-PyTorch reference implementations: the correctness oracles; also the slow path on CPU tensors."""
+
+from .cast import cast, cast_back
+
+__all__ = ["cast", "cast_back"]

@@ -1,0 +1,38 @@
+"""Small integer helpers and the format <-> dtype table (the original's tile_kernels.utils)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+_FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
+
+
+def str_to_dtype(fmt: str) -> torch.dtype:
+    try:
+        return _FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"fmt must be one of {sorted(_FORMATS)}, got {fmt!r}") from None
+
+
+def dtype_to_str(dtype: torch.dtype) -> str:
+    for fmt, d in _FORMATS.items():
+        if d == dtype:
+            return fmt
+    raise ValueError(f"dtype must be one of {list(_FORMATS.values())}, got {dtype}")
