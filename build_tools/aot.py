@@ -119,11 +119,13 @@ def cmd_lower(args):
     print(f"aot: lowered {v.id} for {', '.join(args.arch)} in {time.time() - start:.1f}s")
 
 
-def tool_version(cmd: list[str]) -> str:
+def nvcc_version(nvcc: str) -> str:
+    """The 'release 13.0, V13.0.88' part of `nvcc --version`."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return next((line.split("tools, ")[-1] for line in text.splitlines() if "release" in line), "unknown")
 
 
 def source_fingerprint() -> str:
@@ -152,8 +154,9 @@ def cmd_manifest(args):
         "manifest_version": MANIFEST_VERSION,
         "backends": {"cuda": {"archs": args.arch}},
         "tilelang_version": tilelang.__version__,
-        "nvcc_version": tool_version([args.nvcc, "--version"]),
-        "nvcc_flags": args.nvcc_flags,
+        "nvcc_version": nvcc_version(args.nvcc),
+        # Install paths would make the manifest differ between build environments.
+        "nvcc_flags": args.nvcc_flags.replace(os.path.dirname(tilelang.__file__), "<tilelang>"),
         "source_sha256": source_fingerprint(),
         "git_commit": git.stdout.strip() if git.returncode == 0 else "unknown",
         "kernels": kernels,

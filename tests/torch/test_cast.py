@@ -4,36 +4,14 @@ explicit code tables (no torch float8 conversion, no bit tricks)."""
 
 import bisect
 import importlib
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-_SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def _load_reference_module():
-    try:
-        import tilebake.torch  # noqa: F401
-    except Exception:
-        if str(_SRC) not in sys.path:
-            sys.path.insert(0, str(_SRC))
-        try:
-            import tilebake.torch  # noqa: F401
-        except Exception:
-            spec = importlib.util.spec_from_file_location(
-                "tilebake_torch_cast", str(_SRC / "tilebake" / "torch" / "cast.py"))
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return mod
-    return importlib.import_module("tilebake.torch.cast")
-
-
-ref = _load_reference_module()
+# `tilebake.torch.cast` the attribute is the function; the module holds the helpers too.
+ref = importlib.import_module("tilebake.torch.cast")
 cast, cast_back = ref.cast, ref.cast_back
 
 # ------------------------------------------------------------------------------------------

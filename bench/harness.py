@@ -1,0 +1,120 @@
+"""Timing helpers shared by the benchmarks (GPU only).
+
+Kernel time: CUDA events around each call, warm-up first, median of many repetitions,
+inputs rotated across buffers larger than the H200's 60 MB L2 so no repetition reads
+from cache. Host time: wall clock over a CPU-bound loop of tiny calls.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+L2_BYTES = 60 * 2**20
+
+
+def rotation_count(bytes_per_input: int) -> int:
+    """How many distinct input sets keep the rotation above 4x the L2 (at least 2)."""
+    return max(2, -(-4 * L2_BYTES // max(bytes_per_input, 1)))
+
+
+def time_gpu(fn, inputs: list, warmup: int = 5, reps: int = 50) -> dict:
+    """Median and spread (us) of fn(*inputs[i % len(inputs)]) timed with CUDA events."""
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(*inputs[i % len(inputs)])
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
+    return {"median_us": statistics.median(times), "p20_us": times[len(times) // 5], "p80_us": times[4 * len(times) // 5]}
+
+
+def time_back_to_back(fn, inputs: list, calls: int = 200) -> float:
+    """us per call for `calls` consecutive eager calls between two events: host overhead
+    shows here whenever a call costs more host time than its kernel takes."""
+    for i in range(5):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(calls):
+        fn(*inputs[i % len(inputs)])
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def time_graph(fn, inputs: list, reps: int = 50) -> float:
+    """Median us per call when the calls are replayed from one captured CUDA graph."""
+    for args in inputs:  # warm-up (loads kernels) outside capture
+        fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in inputs:
+            fn(*args)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(inputs))
+    return statistics.median(times)
+
+
+def host_us_per_call(fn, args, calls: int = 5000) -> float:
+    """Wall-clock us per call in a tight loop of tiny calls (host bound by construction)."""
+    for _ in range(100):
+        fn(*args)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) * 1e6 / calls)
+    return best
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy (bytes read + bytes written per second): the memory ceiling."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    t = time_gpu(lambda: dst.copy_(src), [()], warmup=3, reps=20)["median_us"]
+    return 2 * nbytes / t / 1e3
+
+
+def results_dir() -> Path:
+    """bench/results/<date>-<gpu>/, or $OUT/<same> on the device machine."""
+    gpu = torch.cuda.get_device_name().replace(" ", "-")
+    name = f"{datetime.date.today().isoformat()}-{gpu}"
+    base = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).parent / "results"
+    path = base / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def environment() -> dict:
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")

@@ -1,0 +1,1 @@
+"""Runtime: the manifest-driven loader and the native launcher."""

@@ -1,0 +1,20 @@
+"""Comparison helpers for the tests."""
+
+import torch
+
+
+def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    """Same dtype, shape and every byte of every element (NaN payloads included)."""
+    assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a = actual.cpu().reshape(-1).view(torch.uint8)
+    e = expected.cpu().reshape(-1).view(torch.uint8)
+    bad = (a != e).nonzero()
+    assert bad.numel() == 0, f"{name}: {bad.shape[0]} of {a.numel()} bytes differ, first at {bad[:5].tolist()}"
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill t's whole storage with 0xFF bytes (NaN for every float format), so an element
+    a kernel forgets to write cannot pass as a correct one."""
+    torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).fill_(0xFF)
+    return t

@@ -1,0 +1,72 @@
+"""The installed build: the manifest holds exactly the declared variants, for every arch,
+with binaries that exist, match their sha256 and are ELF cubins of the right arch."""
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tilebake._registry import all_variants
+from tilebake._runtime import loader
+
+ARCHS = ("sm_90a", "sm_100a")
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return loader.manifest()
+
+
+def test_manifest_holds_exactly_the_declared_variants(manifest):
+    assert set(manifest["kernels"]) == {v.id for v in all_variants()}
+    assert manifest["backends"]["cuda"]["archs"] == list(ARCHS)
+    assert manifest["tilelang_version"] == "0.1.15"
+    assert manifest["nvcc_version"].startswith("release 1"), manifest["nvcc_version"]
+    assert len(manifest["source_sha256"]) == 64
+
+
+def test_every_variant_has_every_arch_with_intact_binaries(manifest):
+    for vid, per_arch in manifest["kernels"].items():
+        assert set(per_arch) == set(ARCHS), vid
+        for arch, entry in per_arch.items():
+            image = (loader.KERNEL_DIR / entry["binary"]).read_bytes()
+            assert image[:4] == b"\x7fELF", entry["binary"]
+            assert hashlib.sha256(image).hexdigest() == entry["sha256"], entry["binary"]
+            assert entry["arch"] == arch and entry["backend"] == "cuda"
+            assert entry["entry"].endswith("_kernel"), entry["entry"]
+
+
+def test_launch_metadata_is_complete(manifest):
+    for vid, per_arch in manifest["kernels"].items():
+        for entry in per_arch.values():
+            names = [p["name"] for p in entry["params"]]
+            assert len(names) == len(set(names)) and all(p["kind"] in "pilf" for p in entry["params"]), vid
+            assert len(entry["grid"]) == 3 and len(entry["block"]) == 3
+            # Runtime dims stay runtime: the token count is a parameter and drives the grid.
+            assert "num_tokens" in names and "num_tokens" in entry["grid"][0], entry["grid"]
+            assert isinstance(entry["dynamic_smem"], int) and entry["tma_descriptors"] == []
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia.cu13  # PyPI's nvidia-cuda-cuobjdump
+    except ImportError:
+        return None
+    path = Path(nvidia.cu13.__path__[0]) / "bin" / "cuobjdump"
+    return str(path) if path.exists() else None
+
+
+def test_cuobjdump_sees_the_right_elf_arch(manifest):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    for per_arch in manifest["kernels"].values():
+        for arch, entry in per_arch.items():
+            listing = subprocess.run([tool, "-lelf", str(loader.KERNEL_DIR / entry["binary"])],
+                                     capture_output=True, text=True, check=True).stdout
+            assert f".{arch}.cubin" in listing, (entry["binary"], listing)

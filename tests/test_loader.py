@@ -1,0 +1,92 @@
+"""The loader's choices and errors, checked without a GPU: arch selection, an arch with no
+binary, a corrupt binary, a variant that is not built, and the native module's contract."""
+
+import shutil
+
+import pytest
+import torch
+
+from tilebake._runtime import loader
+from tilebake.errors import CorruptArtifactError, NoBinaryForDeviceError, VariantNotBuiltError
+from tilebake.quant.per_token_cast import PerTokenCastVariant
+
+ARGS = ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")
+VARIANT = PerTokenCastVariant("bf16", 128, False, False)
+
+
+def test_arch_of_compute_capability():
+    assert loader.arch_of((9, 0)) == "sm_90a"
+    assert loader.arch_of((10, 0)) == "sm_100a"
+    assert loader.arch_of((12, 0)) == "sm_120a"
+    assert loader.arch_of((8, 0)) == "sm_80"
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Pretend device 0 has a given arch, without touching CUDA."""
+
+    def set_arch(arch):
+        monkeypatch.setattr(loader, "device_arch", lambda index: arch)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Fake GPU")
+
+    return set_arch
+
+
+def test_device_without_binary_names_both_archs(fake_device):
+    fake_device("sm_120a")
+    with pytest.raises(NoBinaryForDeviceError, match=r"cuda:0 \(Fake GPU\) is sm_120a; .* sm_100a, sm_90a"):
+        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+
+
+def test_corrupt_binary_is_named(fake_device, monkeypatch, tmp_path):
+    fake_device("sm_90a")
+    kernels = tmp_path / "kernels"
+    shutil.copytree(loader.KERNEL_DIR, kernels)
+    binary = kernels / loader.manifest()["kernels"][VARIANT.id]["sm_90a"]["binary"]
+    data = bytearray(binary.read_bytes())
+    data[100] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    with pytest.raises(CorruptArtifactError, match=f"{binary.name} does not match the sha256"):
+        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+    binary.unlink()
+    with pytest.raises(CorruptArtifactError, match="unreadable"):
+        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+
+
+def test_missing_manifest(monkeypatch, tmp_path):
+    monkeypatch.setattr(loader, "KERNEL_DIR", tmp_path)
+    loader.manifest.cache_clear()
+    try:
+        with pytest.raises(CorruptArtifactError, match="manifest.json is missing"):
+            loader.manifest()
+        (tmp_path / "manifest.json").write_text('{"manifest_version": 99}')
+        loader.manifest.cache_clear()
+        with pytest.raises(CorruptArtifactError, match="manifest_version 99"):
+            loader.manifest()
+    finally:
+        loader.manifest.cache_clear()
+
+
+def test_unbuilt_variant_lists_the_closest():
+    with pytest.raises(VariantNotBuiltError) as info:
+        loader.Kernel(PerTokenCastVariant("fp16", 128, False, False), ARGS)
+    message = str(info.value)
+    assert "per_token_cast.in_dtype-fp16" in message and "in_dtype-bf16.num_per_channels-128.round_sf-0" in message
+
+
+def test_parameter_mismatch_is_reported(fake_device):
+    fake_device("sm_90a")
+    with pytest.raises(CorruptArtifactError, match="takes parameters"):
+        loader.Kernel(VARIANT, ARGS[:-1] + ("bogus",))(0, *range(len(ARGS)))
+
+
+def test_native_launcher_imports_without_a_gpu():
+    from tilebake._runtime import _launcher
+
+    with pytest.raises(TypeError):
+        _launcher.launch(0)
+    if not torch.cuda.is_available():
+        # No driver here: loading must fail with a clear error, never crash.
+        with pytest.raises(RuntimeError, match="CUDA driver|cuInit"):
+            _launcher.load(b"\x7fELF", "k", 0, 0)
