@@ -96,8 +96,20 @@ def host_cost() -> dict:
     cast = harness.host_us_per_call(lambda: tilebake.quant.per_token_cast(x, "e4m3", 128), ())
     q = tilebake.quant.per_token_cast(x, "e4m3", 128)
     back = harness.host_us_per_call(lambda: tilebake.quant.cast_back(q, "bf16", (1, 128)), ())
+    # Where the host time goes: the same call with preallocated outputs, the two
+    # allocations alone, and the bare launch through the loader.
+    cast_out = harness.host_us_per_call(lambda: tilebake.quant.per_token_cast(x, "e4m3", 128, out=q), ())
+    alloc = harness.host_us_per_call(
+        lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ())
+    from tilebake.quant import per_token_cast as ptc
+
+    kernel = ptc._KERNELS["bf16", 128, False, False]
+    d, s = q
+    launch = harness.host_us_per_call(
+        lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ())
     return {"torch_mul_out_us": mul, "per_token_cast_us": cast, "per_token_cast_ratio": cast / mul,
-            "cast_back_us": back, "cast_back_ratio": back / mul}
+            "cast_back_us": back, "cast_back_ratio": back / mul, "per_token_cast_out_us": cast_out,
+            "two_allocations_us": alloc, "bare_launch_us": launch}
 
 
 def markdown(rows, copy_gbs, host, env) -> str:
@@ -120,6 +132,8 @@ def markdown(rows, copy_gbs, host, env) -> str:
         f"Host cost per public call at T=1 (wall clock, CPU-bound loop): torch.mul(x, 2, out=y) {host['torch_mul_out_us']:.2f} us; "
         f"per_token_cast {host['per_token_cast_us']:.2f} us ({host['per_token_cast_ratio']:.2f}x); "
         f"cast_back {host['cast_back_us']:.2f} us ({host['cast_back_ratio']:.2f}x).",
+        f"Breakdown: per_token_cast with out= {host['per_token_cast_out_us']:.2f} us; its two output allocations alone "
+        f"{host['two_allocations_us']:.2f} us; the bare loader launch {host['bare_launch_us']:.2f} us.",
     ]
     return "\n".join(lines) + "\n"
 

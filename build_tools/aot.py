@@ -59,7 +59,8 @@ def check_launch_expr(text: str, names: set[str]) -> str:
     return text
 
 
-def lower_one(v, arch: str, out_dir: Path):
+def lower_one(v, arch: str, out_dir: Path, build_kwargs=None, stem=None):
+    """Lower `v` for `arch` into out_dir/arch/<stem or v.id>.{cu,json} (build_kwargs: tuning only)."""
     import importlib
 
     import tilelang
@@ -69,7 +70,7 @@ def lower_one(v, arch: str, out_dir: Path):
     source = importlib.import_module(f"kernels_tl.{v.family}.{v.op}")
     target = Target({"kind": "cuda", "arch": arch})  # explicit arch: bare "cuda" silently means sm_50
     with tvm.transform.PassContext(opt_level=3, config=getattr(source, "PASS_CONFIGS", {})), target:
-        artifact = tilelang.lower(source.build(v), target=target)
+        artifact = tilelang.lower(source.build(v, **(build_kwargs or {})), target=target)
 
     kernels = [(gv, f) for gv, f in artifact.device_mod.functions.items() if f.attrs.get("tirx.is_global_func")]
     if len(kernels) != 1:
@@ -106,8 +107,9 @@ def lower_one(v, arch: str, out_dir: Path):
     }
     arch_dir = out_dir / arch
     arch_dir.mkdir(parents=True, exist_ok=True)
-    (arch_dir / f"{v.id}.cu").write_text(artifact.kernel_source)
-    (arch_dir / f"{v.id}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    stem = stem or v.id
+    (arch_dir / f"{stem}.cu").write_text(artifact.kernel_source)
+    (arch_dir / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 def cmd_lower(args):

@@ -41,7 +41,10 @@ def build(v: CastBackVariant):
         S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),
         Y: T.Tensor((num_tokens, hidden), out_dtype),
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), T.ceildiv(hidden, cols_per_cta), threads=THREADS) as (bx, by):
+        # 1-D grid, column tile fastest (see per_token_cast.py).
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
+            bx = b // T.ceildiv(hidden, cols_per_cta)
+            by = b % T.ceildiv(hidden, cols_per_cta)
             T.assume(x_stride % 16 == 0)
             T.assume(hidden % VEC == 0)
             tx = T.get_thread_binding(0)

@@ -14,24 +14,40 @@ tail is masked per vector, so one binary serves every (num_tokens, hidden) with
 hidden % vec == 0. All sizes and strides are runtime arguments.
 """
 
+import dataclasses
+
 import tilelang.language as T
 
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 
-THREADS = 256
-THREADS_PER_ROW = 64  # 64 x 16 B = 1 KiB of input per row per pass
-ROWS_PER_THREAD = 4  # independent 16-byte loads in flight per thread
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int = 256
+    threads_per_row: int = 64  # x 16 B = input bytes per row per pass
+    rows_per_thread: int = 4  # independent 16-byte loads in flight per thread
+
+
+DEFAULT_CONFIG = LaunchConfig()
+
+
+def candidate_configs():
+    """The search space bench/tune_per_token_cast.py times on a GPU."""
+    return [LaunchConfig(t, tpr, r) for t in (128, 256, 512) for tpr in (32, 64, 128) for r in (2, 4, 8)
+            if tpr <= t and not (t == 512 and r == 8)]
+
 # Every access is guarded per 16-byte vector below; TileLang's per-element guards
 # would split each vector load into eight scalar ones.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
-def build(v: PerTokenCastVariant):
+def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
     vec = 16 // (2 if v.in_dtype == "bf16" else 4)
     npc = v.num_per_channels
     lanes = npc // vec  # lanes sharing one SF group (a power of two <= 32)
     assert 1 <= lanes <= 32 and 32 % lanes == 0, v
+    THREADS, THREADS_PER_ROW, ROWS_PER_THREAD = cfg.threads, cfg.threads_per_row, cfg.rows_per_thread
     rows_per_pass = THREADS // THREADS_PER_ROW
     rows_per_cta = rows_per_pass * ROWS_PER_THREAD
     cols_per_cta = THREADS_PER_ROW * vec
@@ -59,7 +75,11 @@ def build(v: PerTokenCastVariant):
         S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),
         amax_clamp: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), T.ceildiv(hidden, cols_per_cta), threads=THREADS) as (bx, by):
+        # A 1-D grid whose column tile varies fastest: CTAs resident together read whole
+        # consecutive rows (DRAM locality), and the token count has no 65535-block limit.
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
+            bx = b // T.ceildiv(hidden, cols_per_cta)
+            by = b % T.ceildiv(hidden, cols_per_cta)
             # The host checks these; they let every row access be one 16-byte vector.
             T.assume(x_stride % vec == 0)
             T.assume(y_stride % 16 == 0)
@@ -67,22 +87,22 @@ def build(v: PerTokenCastVariant):
             tx = T.get_thread_binding(0)
             col = by * cols_per_cta + (tx % THREADS_PER_ROW) * vec
             group = col // npc
-            xs = T.alloc_local((ROWS_PER_THREAD, vec), "float32")
+            xs = T.alloc_local((ROWS_PER_THREAD, vec), in_dtype)
             ys = T.alloc_local((vec,), "float8_e4m3fn")
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
-                        xs[u, j] = T.cast(X[row, col + j], "float32")
+                        xs[u, j] = X[row, col + j]
                 else:
                     for j in T.vectorized(vec):
-                        xs[u, j] = T.float32(0)
+                        xs[u, j] = T.cast(0, in_dtype)
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 amax = T.alloc_var("float32")
                 amax = T.float32(0)
                 for j in T.unroll(vec):
-                    amax = T.max(amax, T.abs(xs[u, j]))
+                    amax = T.max(amax, T.abs(T.cast(xs[u, j], "float32")))
                 for s in T.unroll(lanes.bit_length() - 1):
                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                 c = T.max(amax, amax_clamp)
@@ -100,7 +120,7 @@ def build(v: PerTokenCastVariant):
                 elif owner:
                     S[row, group] = T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
                 for j in T.vectorized(vec):
-                    ys[j] = T.cast(T.clamp(xs[u, j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                    ys[j] = T.cast(T.clamp(T.cast(xs[u, j], "float32") * inv, -fmt_max, fmt_max), "float8_e4m3fn")
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
                         Y[row, col + j] = ys[j]

@@ -42,7 +42,7 @@ def check_against_reference(x, npc, round_sf, packed, col, use_out=False):
     if use_out:
         num_tokens, hidden = x.shape
         out = (poison_(torch.empty(num_tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device)),
-               poison_(alloc_sf(num_tokens, ceil_div(hidden, npc), packed, col, x.device)))
+               poison_(alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col)))
     data, sf = tilebake.quant.per_token_cast(x, "e4m3", npc, use_tma_aligned_col_major_sf=col, round_sf=round_sf,
                                              use_packed_ue8m0=packed, out=out)
     if out is not None:

@@ -28,19 +28,32 @@ def check_sf_options(round_sf: bool, use_packed_ue8m0: bool) -> None:
         raise ValueError("use_packed_ue8m0=True needs round_sf=True (UE8M0 holds only powers of two)")
 
 
-def check_device(t: torch.Tensor, name: str) -> None:
-    if t.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
-
-
 def check_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> tuple[int, int]:
-    """A (T, H) matrix whose rows the kernels read as 16-byte vectors."""
+    """A (T, H) matrix whose rows the kernels read as 16-byte vectors. One combined test
+    on the hot path; the exact complaint is worked out only when it fails."""
+    if x.dim() == 2:
+        num_tokens, hidden = x.shape
+        row_stride, col_stride = x.stride()
+        if not (
+            hidden % hidden_multiple
+            or (col_stride != 1 and hidden > 1)
+            or (num_tokens > 1 and (row_stride * x.element_size()) % 16)
+            or not (x.is_cuda or x.is_cpu)
+            or (x.data_ptr() % 16 and not torch.compiler.is_compiling())  # no data pointer while tracing
+        ):
+            return num_tokens, hidden
+    _explain_rows(x, name, hidden_multiple)
+    raise AssertionError("unreachable")
+
+
+def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> None:
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
     num_tokens, hidden = x.shape
     if hidden % hidden_multiple:
         raise ValueError(f"{name}.shape[1] (hidden) must be a multiple of {hidden_multiple}, got {hidden}")
-    check_device(x, name)
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
     if hidden > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
     if num_tokens > 1 and (x.stride(0) * x.element_size()) % 16:
@@ -49,19 +62,23 @@ def check_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> tuple[int, i
         )
     if x.data_ptr() % 16:
         raise ValueError(f"{name} must start at a 16-byte aligned address (a view with a misaligned offset?)")
-    return num_tokens, hidden
 
 
-def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, like: torch.Tensor) -> None:
+    """A preallocated output: `shape` and `dtype`, on `like`'s device, rows as check_rows wants."""
+    if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.get_device() == like.get_device()):
+        _explain_tensor(t, name, shape, dtype, like)
+    check_rows(t, name, hidden_multiple=1)
+
+
+def _explain_tensor(t, name: str, shape, dtype: torch.dtype, like: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
-    check_rows(t, name, hidden_multiple=1)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    raise ValueError(f"{name} must be on {like.device}, got {t.device}")
 
 
 def sf_layout(num_groups: int, use_packed_ue8m0: bool) -> tuple[torch.dtype, int]:
@@ -69,25 +86,23 @@ def sf_layout(num_groups: int, use_packed_ue8m0: bool) -> tuple[torch.dtype, int
     return (torch.int32, ceil_div(num_groups, 4)) if use_packed_ue8m0 else (torch.float32, num_groups)
 
 
-def alloc_sf(num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool, device) -> torch.Tensor:
+def alloc_sf(like: torch.Tensor, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool) -> torch.Tensor:
+    """Scale factors on `like`'s device."""
     dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
     if col_major:
         # TMA-aligned: column-major, the token dim padded to 16 bytes (4 x 4-byte scales),
         # handed out as a (T, cols) view with stride (1, padded T).
-        return torch.empty((cols, align(num_tokens, 4)), dtype=dtype, device=device).t()[:num_tokens]
-    return torch.empty((num_tokens, cols), dtype=dtype, device=device)
+        padded = align(num_tokens, 4)
+        return like.new_empty_strided((padded, cols), (1, padded), dtype=dtype)[:num_tokens]
+    return like.new_empty((num_tokens, cols), dtype=dtype)
 
 
-def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, device) -> None:
+def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, like: torch.Tensor) -> None:
+    """Scale factors of the right dtype and shape on `like`'s device; any strides."""
     dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
-    if not isinstance(sf, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(sf).__name__}")
-    if sf.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype}, got {sf.dtype}")
-    if tuple(sf.shape) != (num_tokens, cols):
-        raise ValueError(f"{name} must have shape {(num_tokens, cols)}, got {tuple(sf.shape)}")
-    if sf.device != device:
-        raise ValueError(f"{name} must be on {device}, got {sf.device}")
+    if not (isinstance(sf, torch.Tensor) and sf.dtype == dtype and sf.shape == (num_tokens, cols)
+            and sf.get_device() == like.get_device()):
+        _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
 
 
 def sf_strides_for_kernel(sf: torch.Tensor, use_packed_ue8m0: bool) -> tuple[int, int]:

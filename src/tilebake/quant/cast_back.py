@@ -43,6 +43,28 @@ class CastBackVariant(Variant):
 
 
 _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_KEYS: dict[tuple, int] = {}  # validated (fmt, x_block_size, x_special_fmt) -> num_per_channels
+
+
+def _key_of(fmt, x_block_size, x_special_fmt) -> int:
+    """Check the non-tensor arguments; remember the valid combination."""
+    if x_special_fmt is not None:
+        raise ValueError(f"x_special_fmt is reserved and must be None, got {x_special_fmt!r}")
+    check_fmt(fmt, tuple(_OUT_DTYPES))
+    try:
+        block_m, num_per_channels = x_block_size
+    except (TypeError, ValueError):
+        raise ValueError(f"x_block_size must be a pair (1, num_per_channels), got {x_block_size!r}") from None
+    if block_m != 1:
+        raise NotImplementedError(
+            f"x_block_size must be (1, num_per_channels) (per-block input is not built yet), got {x_block_size!r}"
+        )
+    check_num_per_channels(num_per_channels)
+    try:
+        _KEYS[fmt, x_block_size, x_special_fmt] = num_per_channels
+    except TypeError:  # an unhashable x_block_size (a list) is valid, just not cached
+        pass
+    return num_per_channels
 _KERNELS = KernelTable(
     CastBackVariant, ("X", "S", "Y", "num_tokens", "hidden", "x_stride", "sf_stride_t", "sf_stride_g")
 )
@@ -59,32 +81,30 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
         x_block_size: the SF block, (1, num_per_channels) with num_per_channels in 16, 32, 64, 128.
         x_special_fmt: reserved, must be None.
     """
-    if x_special_fmt is not None:
-        raise ValueError(f"x_special_fmt is reserved and must be None, got {x_special_fmt!r}")
-    check_fmt(fmt, tuple(_OUT_DTYPES))
-    if not (isinstance(x, (tuple, list)) and len(x) == 2):
-        raise TypeError("x must be a (data, sf) tuple")
-    data, sf = x
-    if not isinstance(data, torch.Tensor) or not isinstance(sf, torch.Tensor):
-        raise TypeError("x must be a (data, sf) tuple of tensors")
-    if data.dtype != torch.float8_e4m3fn:
-        raise NotImplementedError(f"x[0] must be float8_e4m3fn (e2m1 input is not built yet), got {data.dtype}")
+    # Validate: the non-tensor arguments once per combination, the tensors every call.
     try:
-        block_m, num_per_channels = x_block_size
+        num_per_channels = _KEYS[fmt, x_block_size, x_special_fmt]
+    except (KeyError, TypeError):
+        num_per_channels = _key_of(fmt, x_block_size, x_special_fmt)
+    try:
+        data, sf = x
     except (TypeError, ValueError):
-        raise ValueError(f"x_block_size must be a pair (1, num_per_channels), got {x_block_size!r}") from None
-    if block_m != 1:
-        raise NotImplementedError(f"x_block_size must be (1, num_per_channels) (per-block input is not built yet), got {x_block_size!r}")
-    check_num_per_channels(num_per_channels)
+        raise TypeError("x must be a (data, sf) tuple of tensors") from None
+    if not (isinstance(data, torch.Tensor) and data.dtype == torch.float8_e4m3fn):
+        if not isinstance(data, torch.Tensor):
+            raise TypeError("x must be a (data, sf) tuple of tensors")
+        raise NotImplementedError(f"x[0] must be float8_e4m3fn (e2m1 input is not built yet), got {data.dtype}")
     num_tokens, hidden = check_rows(data, "x[0]", hidden_multiple=16)
-    packed = sf.dtype == torch.int32
-    check_out_sf(sf, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), packed, data.device)
-
+    packed = isinstance(sf, torch.Tensor) and sf.dtype == torch.int32
+    check_out_sf(sf, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), packed, data)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.cast_back(data, sf, fmt, num_per_channels)
 
-    out = torch.empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt], device=data.device)
-    if data.device.type == "cpu":
+    # Allocate.
+    out = data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+
+    # Launch (or run the reference on CPU).
+    if not data.is_cuda:
         from tilebake.torch import cast_back as reference
 
         return out.copy_(reference((data, sf), "e4m3", (1, num_per_channels), out_dtype=out.dtype))

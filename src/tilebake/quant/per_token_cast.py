@@ -51,6 +51,32 @@ class PerTokenCastVariant(Variant):
 
 
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_KEYS: dict[tuple, tuple] = {}  # validated (dtype, fmt, npc, round_sf, packed) -> variant key
+
+
+def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> tuple:
+    """Check the non-tensor arguments (and x's type and dtype); remember the valid combination."""
+    if not isinstance(x, torch.Tensor):
+        if isinstance(x, tuple):
+            raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    in_dtype = _IN_DTYPES.get(x.dtype)
+    if in_dtype is None:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    check_fmt(fmt, ("e4m3",))
+    check_num_per_channels(num_per_channels)
+    check_sf_options(round_sf, use_packed_ue8m0)
+    key = (in_dtype, num_per_channels, bool(round_sf), bool(use_packed_ue8m0))
+    _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_packed_ue8m0] = key
+    return key
+
+
+def _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast):
+    if x_block_size is not None:
+        raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
+    if use_e4m3_sf:
+        raise NotImplementedError("use_e4m3_sf=True is not built yet; use fp32 or UE8M0 scale factors")
+    raise NotImplementedError("stochastic_cast=True is not built yet")
 _KERNELS = KernelTable(
     PerTokenCastVariant,
     ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g"),
@@ -88,34 +114,29 @@ def per_token_cast(
         (data, sf): e4m3 (T, H) and the scale factors, so that x ~= data * sf per block.
         CPU tensors take the pure-torch reference path (same bytes, slower).
     """
-    if x_block_size is not None or isinstance(x, tuple):
-        raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
-    if use_e4m3_sf:
-        raise NotImplementedError("use_e4m3_sf=True is not built yet; use fp32 or UE8M0 scale factors")
-    if stochastic_cast:
-        raise NotImplementedError("stochastic_cast=True is not built yet")
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    in_dtype = _IN_DTYPES.get(x.dtype)
-    if in_dtype is None:
-        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
-    check_fmt(fmt, ("e4m3",))
-    check_num_per_channels(num_per_channels)
-    check_sf_options(round_sf, use_packed_ue8m0)
+    # Validate. The non-tensor arguments are checked once per combination (the cached
+    # kernel key); the tensor is checked on every call.
+    try:
+        key = _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_packed_ue8m0]
+    except (KeyError, AttributeError, TypeError):
+        key = _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0)
+    if x_block_size is not None or use_e4m3_sf or stochastic_cast:
+        _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast)
     num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)
-
     if torch.compiler.is_compiling():
         return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
 
+    # Allocate.
     if out is None:
-        data = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=x.device)
-        sf = alloc_sf(num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf, x.device)
+        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+        sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf)
     else:
         data, sf = out
-        check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x.device)
-        check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x.device)
+        check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
+        check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
 
-    if x.device.type == "cpu":
+    # Launch (or run the reference on CPU).
+    if not x.is_cuda:
         from tilebake.torch import cast
 
         ref_data, ref_sf = cast(x, "e4m3", (1, num_per_channels), round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
@@ -125,9 +146,8 @@ def per_token_cast(
         return data, sf
     if num_tokens == 0:
         return data, sf
-
     sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
-    _KERNELS[in_dtype, num_per_channels, round_sf, use_packed_ue8m0](
+    _KERNELS[key](
         x.get_device(),
         x.data_ptr(), data.data_ptr(), sf.data_ptr(), config.get_amax_clamp_for_quant("e4m3", False),
         num_tokens, hidden, x.stride(0), data.stride(0), sf_stride_t, sf_stride_g,
@@ -166,7 +186,7 @@ _lib.impl("per_token_cast_out", _op_out_impl, "CompositeExplicitAutograd")
 def _fake(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
     num_tokens, hidden = x.shape
     data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    return data, alloc_sf(num_tokens, ceil_div(hidden, num_per_channels), packed_ue8m0, col_major_sf, x.device)
+    return data, alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), packed_ue8m0, col_major_sf)
 
 
 @torch.library.register_fake("tilebake::per_token_cast_out", lib=_lib)
