@@ -7,6 +7,7 @@ host cost per call beside torch.mul(out=).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -101,9 +102,7 @@ def host_cost() -> dict:
     cast_out = harness.host_us_per_call(lambda: tilebake.quant.per_token_cast(x, "e4m3", 128, out=q), ())
     alloc = harness.host_us_per_call(
         lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ())
-    from tilebake.quant import per_token_cast as ptc
-
-    kernel = ptc._KERNELS["bf16", 128, False, False]
+    kernel = sys.modules["tilebake.quant.per_token_cast"]._KERNELS["bf16", 128, False, False]
     d, s = q
     launch = harness.host_us_per_call(
         lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ())
@@ -112,7 +111,34 @@ def host_cost() -> dict:
             "two_allocations_us": alloc, "bare_launch_us": launch}
 
 
-def markdown(rows, copy_gbs, host, env) -> str:
+COLD_START = r"""
+import json, time, torch
+x = torch.randn(128, 7168, device="cuda").to(torch.bfloat16)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+import tilebake
+t1 = time.perf_counter()
+q = tilebake.quant.per_token_cast(x, "e4m3", 128)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+tilebake.quant.cast_back(q, "bf16", (1, 128))
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+print(json.dumps({"import_ms": 1e3 * (t1 - t0), "first_per_token_cast_ms": 1e3 * (t2 - t1),
+                  "first_cast_back_ms": 1e3 * (t3 - t2), "import_plus_first_call_ms": 1e3 * (t2 - t0)}))
+"""
+
+
+def cold_start() -> dict:
+    """In a fresh process, after torch and CUDA are initialised: import + first calls."""
+    import subprocess
+
+    runs = [json.loads(subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1]) for _ in range(3)]
+    return {k: sorted(r[k] for r in runs)[1] for k in runs[0]}  # median of 3
+
+
+def markdown(rows, copy_gbs, host, env, cold) -> str:
     lines = [
         f"# quant benchmark: {env['gpu']}, {env['date']}, torch {env['torch']}",
         "",
@@ -134,6 +160,10 @@ def markdown(rows, copy_gbs, host, env) -> str:
         f"cast_back {host['cast_back_us']:.2f} us ({host['cast_back_ratio']:.2f}x).",
         f"Breakdown: per_token_cast with out= {host['per_token_cast_out_us']:.2f} us; its two output allocations alone "
         f"{host['two_allocations_us']:.2f} us; the bare loader launch {host['bare_launch_us']:.2f} us.",
+        "",
+        f"Cold start (fresh process, after `import torch` and CUDA init, median of 3): import tilebake "
+        f"{cold['import_ms']:.1f} ms; first per_token_cast {cold['first_per_token_cast_ms']:.1f} ms; "
+        f"import + first call {cold['import_plus_first_call_ms']:.1f} ms; first cast_back {cold['first_cast_back_ms']:.1f} ms.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -151,9 +181,11 @@ def main():
             print(f"{row['op']:16s} {shape}: {row['eager_us']:.1f} us, {row['eager_gbs']:.0f} GB/s "
                   f"({row['eager_pct_copy']:.1f}% of copy), back-to-back {row['back_to_back_gbs']:.0f} GB/s", flush=True)
     host = host_cost()
+    cold = cold_start()
     out = harness.results_dir()
-    harness.write_json(out / "quant.json", {"environment": env, "copy_gbs": copy_gbs, "rows": rows, "host": host})
-    text = markdown(rows, copy_gbs, host, env)
+    harness.write_json(out / "quant.json", {"environment": env, "copy_gbs": copy_gbs, "rows": rows, "host": host,
+                                            "cold_start": cold})
+    text = markdown(rows, copy_gbs, host, env, cold)
     (out / "quant.md").write_text(text)
     print(text)
 

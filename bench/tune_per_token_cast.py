@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = [("bf16", 128, False, False), ("bf16", 128, True, True), ("fp32", 128, False, False)]
+VARIANTS = [("bf16", 128, False, False)]
 SHAPES = [(16384, 7168), (4096, 7168), (4096, 4096)]
 
 

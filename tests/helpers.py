@@ -7,8 +7,7 @@ def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, name: str) 
     """Same dtype, shape and every byte of every element (NaN payloads included)."""
     assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != {expected.dtype}"
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a = actual.cpu().reshape(-1).view(torch.uint8)
-    e = expected.cpu().reshape(-1).view(torch.uint8)
+    a, e = (torch.empty(t.shape, dtype=t.dtype).copy_(t).view(-1).view(torch.uint8) for t in (actual, expected))
     bad = (a != e).nonzero()
     assert bad.numel() == 0, f"{name}: {bad.shape[0]} of {a.numel()} bytes differ, first at {bad[:5].tolist()}"
 

@@ -43,6 +43,10 @@ def build(v: CastBackVariant):
     ):
         # 1-D grid, column tile fastest (see per_token_cast.py).
         with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
+            # Registers, so the divisions run once per CTA rather than inlined into every
+            # index (where they became 64-bit divisions and halved the bandwidth).
+            bx = T.alloc_var("int32")
+            by = T.alloc_var("int32")
             bx = b // T.ceildiv(hidden, cols_per_cta)
             by = b % T.ceildiv(hidden, cols_per_cta)
             T.assume(x_stride % 16 == 0)
@@ -57,7 +61,7 @@ def build(v: CastBackVariant):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(VEC):
-                        xs[u, j] = X[row, col + j]
+                        xs[u, j] = X[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j]  # col, spelled out: the vectorizer must see it is a multiple of VEC
                     if v.packed_ue8m0:
                         sfs[u] = T.reinterpret(T.shift_left(T.cast(S[row, group // 4, group % 4], "int32"), 23), "float32")
                     else:
@@ -68,6 +72,6 @@ def build(v: CastBackVariant):
                     for j in T.vectorized(VEC):
                         ys[j] = T.cast(T.cast(xs[u, j], "float32") * sfs[u], out_dtype)
                     for j in T.vectorized(VEC):
-                        Y[row, col + j] = ys[j]
+                        Y[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j] = ys[j]
 
     return cast_back_kernel

@@ -89,3 +89,10 @@ def test_gpu_torch_compile_fullgraph():
     _, q = quantized(100, 512, 32, True, True, True, "cuda")
     y = torch.compile(lambda d, s: tilebake.quant.cast_back((d, s), "bf16", (1, 32)), fullgraph=True)(*q)
     assert_bytes_equal(y, tilebake.torch.cast_back(q, "e4m3", (1, 32)), "y")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    _, q = quantized(10, 256, 32, True, True, True, "cpu")
+    y = torch.compile(lambda d, s: tilebake.quant.cast_back((d, s), "bf16", (1, 32)), fullgraph=True,
+                      backend="aot_eager")(*q)
+    assert_bytes_equal(y, tilebake.torch.cast_back(q, "e4m3", (1, 32)), "y")

@@ -73,7 +73,6 @@ BAD_CALLS = [
     (dict(x=torch.zeros(4, 120, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
     (dict(x=torch.zeros(128, 4, dtype=torch.bfloat16).t()), ValueError, "contiguous in its last dim"),
     (dict(x=torch.zeros(4, 132, dtype=torch.bfloat16)[:, :128]), ValueError, "row stride must be a multiple of 16 bytes"),
-    (dict(x=torch.zeros(4 * 128 + 1, dtype=torch.bfloat16)[1:].view(4, 128)), ValueError, "16-byte aligned"),
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
@@ -123,6 +122,20 @@ def test_gpu_odd_shapes_poisoned_out(num_tokens, hidden, dtype, npc, sf_mode):
     for col in (False, True):
         check_against_reference(make_input(num_tokens, hidden, dtype, "cuda"), npc, rs, packed, col, use_out=True)
         check_against_reference(make_input(num_tokens, hidden, dtype, "cuda", row_stride=hidden + 64), npc, rs, packed, col)
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_misaligned_pointers():
+    x = torch.zeros(4 * 128 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(4, 128)
+    with pytest.raises(ValueError, match="x must start at a 16-byte aligned address"):
+        tilebake.quant.per_token_cast(x, "e4m3", 128)
+    data = torch.empty(4 * 128 + 8, dtype=torch.float8_e4m3fn, device="cuda")[8:].view(4, 128)
+    with pytest.raises(ValueError, match="out\\[0\\] must start at a 16-byte aligned address"):
+        tilebake.quant.per_token_cast(torch.zeros(4, 128, dtype=torch.bfloat16, device="cuda"), "e4m3", 128,
+                                      out=(data, torch.empty(4, 1, device="cuda")))
+    q = torch.empty(4 * 128 + 8, dtype=torch.float8_e4m3fn, device="cuda")[8:].view(4, 128)
+    with pytest.raises(ValueError, match="x\\[0\\] must start at a 16-byte aligned address"):
+        tilebake.quant.cast_back((q, torch.ones(4, 1, device="cuda")), "bf16", (1, 128))
 
 
 @pytest.mark.gpu
@@ -176,3 +189,24 @@ def test_gpu_cuda_graph_capture():
     expected = reference(x, 128, False, False, False)
     assert_bytes_equal(out[0], expected[0], "data")
     assert_bytes_equal(out[1], expected[1], "sf")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    """The torch.library registration (schema + Meta shapes), checked where CI runs."""
+    x = make_input(33, 256, torch.bfloat16, "cpu")
+
+    def f(x):
+        return tilebake.quant.per_token_cast(x, "e4m3", 32, round_sf=True, use_packed_ue8m0=True,
+                                             use_tma_aligned_col_major_sf=True)
+
+    data, sf = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    expected = reference(x, 32, True, True, True)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert sf.stride() == expected[1].stride()
+    out = (poison_(torch.empty(33, 256, dtype=torch.float8_e4m3fn)), poison_(torch.empty(33, 8)))
+    torch.compile(lambda x, d, s: tilebake.quant.per_token_cast(x, "e4m3", 32, out=(d, s)), fullgraph=True,
+                  backend="aot_eager")(x, *out)
+    expected = reference(x, 32, False, False, False)
+    assert_bytes_equal(out[0], expected[0], "out data")
+    assert_bytes_equal(out[1], expected[1], "out sf")

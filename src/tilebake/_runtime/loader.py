@@ -127,16 +127,15 @@ class Kernel:
         launch(handle, grid(*args), block, smem, torch._C._cuda_getCurrentRawStream(device_index), signature, reorder(args))
 
 
-class KernelTable:
-    """An op's kernels by compile-time key (a tuple of the variant's fields), built on first use."""
+class KernelTable(dict):
+    """An op's kernels by compile-time key (a tuple of the variant's fields), built on first
+    use. A dict, so the per-call lookup `table[key]` is a plain C-level dict lookup."""
 
     def __init__(self, variant_type, arg_names: tuple[str, ...]):
+        super().__init__()
         self.variant_type = variant_type
         self.arg_names = arg_names
-        self._kernels: dict[tuple, Kernel] = {}
 
-    def __getitem__(self, key: tuple) -> Kernel:
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            kernel = self._kernels[key] = Kernel(self.variant_type(*key), self.arg_names)
+    def __missing__(self, key: tuple) -> Kernel:
+        kernel = self[key] = Kernel(self.variant_type(*key), self.arg_names)
         return kernel

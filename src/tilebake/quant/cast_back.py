@@ -16,6 +16,7 @@ from tilebake._variants import Variant
 from tilebake.quant._common import (
     NUM_PER_CHANNELS,
     QuantTensor,
+    check_aligned,
     check_fmt,
     check_num_per_channels,
     check_out_sf,
@@ -110,10 +111,13 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
         return out.copy_(reference((data, sf), "e4m3", (1, num_per_channels), out_dtype=out.dtype))
     if num_tokens == 0:
         return out
+    data_ptr = data.data_ptr()
+    if data_ptr % 16:
+        check_aligned(data_ptr, "x[0]")
     sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, packed)
     _KERNELS[fmt, num_per_channels, packed](
         data.get_device(),
-        data.data_ptr(), sf.data_ptr(), out.data_ptr(), num_tokens, hidden, data.stride(0), sf_stride_t, sf_stride_g,
+        data_ptr, sf.data_ptr(), out.data_ptr(), num_tokens, hidden, data.stride(0), sf_stride_t, sf_stride_g,
     )  # fmt: skip
     return out
 
@@ -127,13 +131,7 @@ def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int, x_speci
 
 _lib = torch.library.Library("tilebake", "FRAGMENT")
 _lib.define("cast_back(Tensor data, Tensor sf, str fmt, int num_per_channels) -> Tensor")
-_lib.impl(
-    "cast_back",
-    lambda data, sf, fmt, num_per_channels: cast_back((data, sf), fmt, (1, num_per_channels)),
-    "CompositeExplicitAutograd",
-)
-
-
-@torch.library.register_fake("tilebake::cast_back", lib=_lib)
-def _fake(data, sf, fmt, num_per_channels):
-    return data.new_empty(data.shape, dtype=_OUT_DTYPES[fmt])
+for _key in ("CPU", "CUDA"):
+    _lib.impl("cast_back", lambda data, sf, fmt, npc: cast_back((data, sf), fmt, (1, npc)), _key)
+# The shape function as a Meta kernel, what torch.compile's fake tensors run.
+_lib.impl("cast_back", lambda data, sf, fmt, npc: data.new_empty(data.shape, dtype=_OUT_DTYPES[fmt]), "Meta")
