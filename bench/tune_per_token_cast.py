@@ -28,7 +28,7 @@ def build(out: Path):
     for key in VARIANTS:
         v = PerTokenCastVariant(*key)
         for cfg in candidate_configs():
-            stem = f"{v.id}.t{cfg.threads}.tpr{cfg.threads_per_row}.r{cfg.rows_per_thread}"
+            stem = f"{v.id}.t{cfg.threads}.tpr{cfg.threads_per_row}.r{cfg.rows_per_thread}.e{cfg.elems_per_thread}"
             try:
                 aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
             except BaseException as e:  # a config the kernel cannot express
@@ -91,7 +91,7 @@ def run(out: Path):
             best[k] = r
     print(f"copy {copy:.0f} GB/s; best per variant and shape:")
     for k, r in best.items():
-        print(f"  {k}: {r[0].split('.')[-3:]} {r[4]:.0f} GB/s ({r[5]:.1f}%)")
+        print(f"  {k}: {r[0].split('.')[-4:]} {r[4]:.0f} GB/s ({r[5]:.1f}%)")
 
 
 if __name__ == "__main__":
