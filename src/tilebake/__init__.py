@@ -4,7 +4,9 @@
 nothing, loads no native code and writes no file: kernels are loaded on first use.
 """
 
-from tilebake import config, quant, torch, utils
+import importlib
+
+from tilebake import config, quant, utils
 from tilebake.config import (
     get_amax_clamp_for_quant,
     get_deterministic_algorithms,
@@ -19,6 +21,14 @@ from tilebake.config import (
 )
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # tilebake.torch (the references) loads on first use: GPU code never needs it, and
+    # it is a good part of the import time that counts towards a cold start.
+    if name == "torch":
+        return importlib.import_module("tilebake.torch")
+    raise AttributeError(f"module 'tilebake' has no attribute {name!r}")
 
 __all__ = [
     "config",
