@@ -1,6 +1,6 @@
 """The benchmark: every op the installed wheel contains, at the shapes users run (GPU only).
 
-    python bench/bench.py [--ops per_token_cast,cast_back] [--no-compile]
+    python bench/bench.py [--ops per_token_cast,cast_back] [--shapes 16384x7168,...] [--no-compile] [--name bench]
 
 For each op (enumerated from the manifest; bench/cases.py holds one case per op) and each
 (tokens, hidden) of cases.TOKENS x cases.HIDDEN, measured in the same run: tilebake eager
@@ -166,6 +166,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", help="comma-separated subset of the manifest's ops")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile of the references")
+    parser.add_argument("--shapes", help="comma-separated TxH subset, e.g. 16384x7168,4096x7168")
+    parser.add_argument("--name", default="bench", help="result file stem (default: bench)")
     args = parser.parse_args()
     ops = manifest_ops()
     missing = [op for op in ops if op not in cases.CASES]
@@ -174,34 +176,37 @@ def main():
     if args.ops:
         ops = [op for op in ops if op in args.ops.split(",")]
 
+    shapes = [(t, h) for t in cases.TOKENS for h in cases.HIDDEN]
+    if args.shapes:
+        shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+
     env = harness.environment()
     copy_gbs = harness.copy_bandwidth_gbs()
     rows = []
     for op in ops:
         for make_case in cases.CASES[op]:
-            for num_tokens in cases.TOKENS:
-                for hidden in cases.HIDDEN:
-                    case = make_case(num_tokens, hidden)
-                    # One static-shape compile per shape: the reference's best case (a dynamic-shape
-                    # compile measured 4.6x slower for per_token_cast at 16384 x 7168 on the H200).
-                    compiled_ref = None
-                    if num_tokens >= 4096 and not args.no_compile:
-                        torch._dynamo.reset()
-                        compiled_ref = torch.compile(case["ref"], dynamic=False)
-                    row = measure(case, copy_gbs, compiled_ref)
-                    row["shape"] = (num_tokens, hidden)
-                    rows.append(row)
-                    print(f"{op:16s} {row['variant']:45s} {num_tokens:6d} x {hidden:5d}: {row['eager_us']:8.1f} us "
-                          f"{row['eager_gbs']:6.0f} GB/s ({row['eager_pct_copy']:5.1f}% of copy), back-to-back "
-                          f"{row['back_to_back_gbs']:6.0f} GB/s", flush=True)
+            for num_tokens, hidden in shapes:
+                case = make_case(num_tokens, hidden)
+                # One static-shape compile per shape: the reference's best case (a dynamic-shape
+                # compile measured 4.6x slower for per_token_cast at 16384 x 7168 on the H200).
+                compiled_ref = None
+                if num_tokens >= 4096 and not args.no_compile:
+                    torch._dynamo.reset()
+                    compiled_ref = torch.compile(case["ref"], dynamic=False)
+                row = measure(case, copy_gbs, compiled_ref)
+                row["shape"] = (num_tokens, hidden)
+                rows.append(row)
+                print(f"{op:16s} {row['variant']:45s} {num_tokens:6d} x {hidden:5d}: {row['eager_us']:8.1f} us "
+                      f"{row['eager_gbs']:6.0f} GB/s ({row['eager_pct_copy']:5.1f}% of copy), back-to-back "
+                      f"{row['back_to_back_gbs']:6.0f} GB/s", flush=True)
     host = host_cost()
     cold = cold_start()
     out = harness.results_dir()
-    harness.write_json(out / "bench.json", {"environment": env, "command": " ".join(sys.argv), "copy_gbs": copy_gbs,
+    harness.write_json(out / f"{args.name}.json", {"environment": env, "command": " ".join(sys.argv), "copy_gbs": copy_gbs,
                                             "rows": rows, "host": host, "cold_start": cold})
     text = markdown(rows, copy_gbs, host, cold, env)
-    (out / "bench.md").write_text(text)
-    chart(rows, copy_gbs, out / "bench.png")
+    (out / f"{args.name}.md").write_text(text)
+    chart(rows, copy_gbs, out / f"{args.name}.png")
     print(text)
 
 

@@ -8,6 +8,7 @@ are runtime arguments; SF strides cover row-major and TMA-aligned column-major a
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import per_token_sf_buffer
 from tilebake.quant.cast_back import CastBackVariant
 
 # Measured on the H200 (bench/results/2026-11-30-NVIDIA-H200): this config reached 89% of
@@ -30,13 +31,7 @@ def build(v: CastBackVariant):
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     x_stride = T.dynamic("x_stride")
-    sf_stride_t = T.dynamic("sf_stride_t")
-    sf_stride_g = T.dynamic("sf_stride_g")
-    num_groups = T.ceildiv(hidden, npc)
-    if v.packed_ue8m0:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, T.ceildiv(num_groups, 4), 4), (sf_stride_t, sf_stride_g, 1), "uint8"
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
 
     @T.prim_func
     def cast_back_kernel(

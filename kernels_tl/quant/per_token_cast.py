@@ -18,6 +18,7 @@ import dataclasses
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import per_token_sf_buffer
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 
 
@@ -57,21 +58,13 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     rows_per_cta = rows_per_pass * ROWS_PER_THREAD
     cols_per_cta = THREADS_PER_ROW * vec
     fmt_max = 448.0
-    sf_dtype = "uint8" if v.packed_ue8m0 else "float32"
 
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
     x_stride = T.dynamic("x_stride")
     y_stride = T.dynamic("y_stride")
-    # SF strides are runtime, so row-major and TMA-aligned column-major share a binary.
-    # Packed UE8M0 is addressed as bytes (token, word, byte-in-word).
-    sf_stride_t = T.dynamic("sf_stride_t")
-    sf_stride_g = T.dynamic("sf_stride_g")
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
     num_groups = T.ceildiv(hidden, npc)
-    if v.packed_ue8m0:
-        sf_shape, sf_strides = (num_tokens, T.ceildiv(num_groups, 4), 4), (sf_stride_t, sf_stride_g, 1)
-    else:
-        sf_shape, sf_strides = (num_tokens, num_groups), (sf_stride_t, sf_stride_g)
 
     @T.prim_func
     def per_token_cast_kernel(
