@@ -35,9 +35,11 @@ def manifest_ops() -> list[str]:
 def same_bytes(a, b) -> bool:
     la, lb = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
     return len(la) == len(lb) and all(
-        x.shape == y.shape and x.dtype == y.dtype
+        x.shape == y.shape
+        and x.dtype == y.dtype
         and torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
-        for x, y in zip(la, lb))
+        for x, y in zip(la, lb)
+    )
 
 
 def measure(case: dict, copy_gbs: float, compiled_ref) -> dict:
@@ -76,13 +78,16 @@ def host_cost() -> dict:
     # and the bare launch through the loader.
     q = tilebake.quant.per_token_cast(x, "e4m3", 128)
     result["per_token_cast_with_out_us"] = harness.host_us_per_call(
-        lambda: tilebake.quant.per_token_cast(x, "e4m3", 128, out=q), ())
+        lambda: tilebake.quant.per_token_cast(x, "e4m3", 128, out=q), ()
+    )
     result["two_allocations_us"] = harness.host_us_per_call(
-        lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ())
+        lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ()
+    )
     kernel = sys.modules["tilebake.quant.per_token_cast"]._KERNELS["bf16", 128, False, False]
     d, s = q
     result["bare_launch_us"] = harness.host_us_per_call(
-        lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ())
+        lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ()
+    )
     return result
 
 
@@ -103,9 +108,31 @@ print(json.dumps({"import_ms": 1e3 * (t1 - t0), "first_quant_call_ms": 1e3 * (t2
 
 def cold_start() -> dict:
     """In a fresh process, after torch and CUDA are initialised: import + first call (median of 5)."""
-    runs = [json.loads(subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True,
-                                      check=True).stdout.strip().splitlines()[-1]) for _ in range(5)]
+    runs = [
+        json.loads(
+            subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(5)
+    ]
     return {k: sorted(r[k] for r in runs)[2] for k in runs[0]}
+
+
+COLUMNS = (
+    "op",
+    "variant",
+    "T x H",
+    "eager us",
+    "eager GB/s",
+    "% copy",
+    "back-to-back GB/s",
+    "graph GB/s",
+    "torch ref us",
+    "torch.compile ref us",
+    "vs compile",
+    "bytes match ref",
+)
 
 
 def markdown(rows, copy_gbs, host, cold, env) -> str:
@@ -113,32 +140,50 @@ def markdown(rows, copy_gbs, host, cold, env) -> str:
     lines = [
         f"# tilebake benchmark: {env['gpu']}, {env['date']}, torch {env['torch']}",
         "",
-        f"Command: `python bench/bench.py`. Device-to-device copy (read + write) in the same run: **{copy_gbs:.0f} GB/s**.",
+        f"Command: `python {' '.join(sys.argv)}`. Device-to-device copy (read + write) in the same run: "
+        f"**{copy_gbs:.0f} GB/s**.",
         "GB/s counts each input read once and each output written once. eager: median of event-timed single calls;",
         "back-to-back: many eager calls between two events (host cost shows here); graph: CUDA-graph replay.",
         "",
-        "| op | variant | T x H | eager us | eager GB/s | % copy | back-to-back GB/s | graph GB/s | torch ref us | torch.compile ref us | vs compile | bytes match ref |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
     ]
     for r in rows:
-        lines.append(
-            f"| {r['op']} | {r['variant']} | {r['shape'][0]} x {r['shape'][1]} | {r['eager_us']:.1f} | {r['eager_gbs']:.0f} | "
-            f"{r['eager_pct_copy']:.1f} | {r['back_to_back_gbs']:.0f} | {r['graph_gbs']:.0f} | {r['reference_us']:.1f} | "
-            f"{r.get('compiled_reference_us', nan):.1f} | {r.get('speedup_vs_compiled_reference', nan):.2f}x | "
-            f"{'yes' if r['output_matches_reference'] else 'NO'} |")
+        cells = [
+            r["op"],
+            r["variant"],
+            f"{r['shape'][0]} x {r['shape'][1]}",
+            f"{r['eager_us']:.1f}",
+            f"{r['eager_gbs']:.0f}",
+            f"{r['eager_pct_copy']:.1f}",
+            f"{r['back_to_back_gbs']:.0f}",
+            f"{r['graph_gbs']:.0f}",
+            f"{r['reference_us']:.1f}",
+            f"{r.get('compiled_reference_us', nan):.1f}",
+            f"{r.get('speedup_vs_compiled_reference', nan):.2f}x",
+            "yes" if r["output_matches_reference"] else "NO",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     ops = [k[:-3] for k in host if k.endswith("_us") and k not in ("torch_mul_out_us",) and f"{k[:-3]}_ratio" in host]
-    lines += ["", "Host cost per public call at T=1, H=7168 (wall clock, CPU-bound loop), same run:", "",
-              "| call | us | x torch.mul(out=) |", "|---|---|---|",
-              f"| torch.mul(x, 2, out=y) | {host['torch_mul_out_us']:.2f} | 1.00 |"]
+    lines += [
+        "",
+        "Host cost per public call at T=1, H=7168 (wall clock, CPU-bound loop), same run:",
+        "",
+        "| call | us | x torch.mul(out=) |",
+        "|---|---|---|",
+        f"| torch.mul(x, 2, out=y) | {host['torch_mul_out_us']:.2f} | 1.00 |",
+    ]
     lines += [f"| {op} | {host[f'{op}_us']:.2f} | {host[f'{op}_ratio']:.2f} |" for op in ops]
-    lines += [f"| per_token_cast, out= given | {host['per_token_cast_with_out_us']:.2f} | "
-              f"{host['per_token_cast_with_out_us'] / host['torch_mul_out_us']:.2f} |",
-              f"| (its two output allocations alone) | {host['two_allocations_us']:.2f} | |",
-              f"| (its bare launch through the loader) | {host['bare_launch_us']:.2f} | |",
-              "",
-              f"Cold start, fresh process after `import torch` and CUDA init (median of 5): import tilebake "
-              f"{cold['import_ms']:.1f} ms, first per_token_cast {cold['first_quant_call_ms']:.1f} ms, together "
-              f"{cold['import_plus_first_quant_call_ms']:.1f} ms."]
+    lines += [
+        f"| per_token_cast, out= given | {host['per_token_cast_with_out_us']:.2f} | "
+        f"{host['per_token_cast_with_out_us'] / host['torch_mul_out_us']:.2f} |",
+        f"| (its two output allocations alone) | {host['two_allocations_us']:.2f} | |",
+        f"| (its bare launch through the loader) | {host['bare_launch_us']:.2f} | |",
+        "",
+        f"Cold start, fresh process after `import torch` and CUDA init (median of 5): import tilebake "
+        f"{cold['import_ms']:.1f} ms, first per_token_cast {cold['first_quant_call_ms']:.1f} ms, together "
+        f"{cold['import_plus_first_quant_call_ms']:.1f} ms.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -152,8 +197,12 @@ def chart(rows, copy_gbs, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(rows)), 5))
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["eager_gbs"] for r in rows], 0.4, label="tilebake (eager)")
-    ax.bar([x + 0.2 for x in xs], [r["bytes"] / r["compiled_reference_us"] / 1e3 if "compiled_reference_us" in r else 0
-                                   for r in rows], 0.4, label="torch.compile(reference)")
+    ax.bar(
+        [x + 0.2 for x in xs],
+        [r["bytes"] / r["compiled_reference_us"] / 1e3 if "compiled_reference_us" in r else 0 for r in rows],
+        0.4,
+        label="torch.compile(reference)",
+    )
     ax.axhline(copy_gbs, color="k", linestyle="--", label=f"device copy {copy_gbs:.0f} GB/s")
     ax.set_xticks(list(xs), labels, fontsize=6, rotation=90)
     ax.set_ylabel("GB/s")
@@ -196,14 +245,26 @@ def main():
                 row = measure(case, copy_gbs, compiled_ref)
                 row["shape"] = (num_tokens, hidden)
                 rows.append(row)
-                print(f"{op:16s} {row['variant']:45s} {num_tokens:6d} x {hidden:5d}: {row['eager_us']:8.1f} us "
-                      f"{row['eager_gbs']:6.0f} GB/s ({row['eager_pct_copy']:5.1f}% of copy), back-to-back "
-                      f"{row['back_to_back_gbs']:6.0f} GB/s", flush=True)
+                print(
+                    f"{op:16s} {row['variant']:45s} {num_tokens:6d} x {hidden:5d}: {row['eager_us']:8.1f} us "
+                    f"{row['eager_gbs']:6.0f} GB/s ({row['eager_pct_copy']:5.1f}% of copy), back-to-back "
+                    f"{row['back_to_back_gbs']:6.0f} GB/s",
+                    flush=True,
+                )
     host = host_cost()
     cold = cold_start()
     out = harness.results_dir()
-    harness.write_json(out / f"{args.name}.json", {"environment": env, "command": " ".join(sys.argv), "copy_gbs": copy_gbs,
-                                            "rows": rows, "host": host, "cold_start": cold})
+    harness.write_json(
+        out / f"{args.name}.json",
+        {
+            "environment": env,
+            "command": " ".join(sys.argv),
+            "copy_gbs": copy_gbs,
+            "rows": rows,
+            "host": host,
+            "cold_start": cold,
+        },
+    )
     text = markdown(rows, copy_gbs, host, cold, env)
     (out / f"{args.name}.md").write_text(text)
     chart(rows, copy_gbs, out / f"{args.name}.png")

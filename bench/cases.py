@@ -35,10 +35,12 @@ def per_token_cast_packed_case(num_tokens, hidden):
     case = per_token_cast_case(num_tokens, hidden)
     case.update(
         variant="bf16->e4m3, 1x128, UE8M0 packed col-major SF",
-        fn=lambda x: tilebake.quant.per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True,
-                                                   use_packed_ue8m0=True),
-        ref=lambda x: tilebake.torch.cast(x, "e4m3", (1, 128), use_tma_aligned_col_major_sf=True, round_sf=True,
-                                          use_packed_ue8m0=True),
+        fn=lambda x: tilebake.quant.per_token_cast(
+            x, "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True
+        ),
+        ref=lambda x: tilebake.torch.cast(
+            x, "e4m3", (1, 128), use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True
+        ),
         bytes=num_tokens * hidden * 3 + num_tokens * (hidden // 512) * 4,
     )
     return case
@@ -64,5 +66,3 @@ CASES = {
     "per_token_cast": [per_token_cast_case, per_token_cast_packed_case],
     "cast_back": [cast_back_case],
 }
-
-

@@ -36,7 +36,11 @@ def time_gpu(fn, inputs: list, warmup: int = 5, reps: int = 50) -> dict:
         end.record()
     torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) * 1e3 for s, e in events)
-    return {"median_us": statistics.median(times), "p20_us": times[len(times) // 5], "p80_us": times[4 * len(times) // 5]}
+    return {
+        "median_us": statistics.median(times),
+        "p20_us": times[len(times) // 5],
+        "p80_us": times[4 * len(times) // 5],
+    }
 
 
 def time_back_to_back(fn, inputs: list, calls: int = 200) -> float:

@@ -1,7 +1,7 @@
 """Launch-config search for per_token_cast (kernels_tl/quant/per_token_cast.py: candidate_configs).
 
-    python bench/tune_per_token_cast.py build .carry/tune   # build host: lower + nvcc every candidate (sm_90a)
-    python bench/tune_per_token_cast.py run .carry/tune     # GPU: time each candidate's cubin
+python bench/tune_per_token_cast.py build .carry/tune   # build host: lower + nvcc every candidate (sm_90a)
+python bench/tune_per_token_cast.py run .carry/tune     # GPU: time each candidate's cubin
 """
 
 import json
@@ -34,9 +34,23 @@ def build(out: Path):
             except BaseException as e:  # a config the kernel cannot express
                 print("skip", stem, e)
                 continue
-            subprocess.run(["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-                            "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
-                            str(out / "sm_90a" / f"{stem}.cu")], check=True)
+            subprocess.run(
+                [
+                    "nvcc",
+                    "--cubin",
+                    "-O3",
+                    "-std=c++20",
+                    "-w",
+                    f"-I{tl}/src",
+                    f"-I{tl}/3rdparty/cutlass/include",
+                    "-gencode",
+                    "arch=compute_90a,code=sm_90a",
+                    "-o",
+                    str(out / "sm_90a" / f"{stem}.cubin"),
+                    str(out / "sm_90a" / f"{stem}.cu"),
+                ],
+                check=True,
+            )
             print("built", stem, flush=True)
 
 
@@ -58,7 +72,7 @@ def run(out: Path):
         handle = launcher.load((out / "sm_90a" / f"{stem}.cubin").read_bytes(), meta["entry"], 0, 0)
         names = tuple(p["name"] for p in meta["params"])
         sig = "".join(p["kind"] for p in meta["params"]).encode()
-        grid = loader._compile_grid(meta["grid"], names)
+        grid = loader._compile_grid(meta["grid"], names, stem)
         block = tuple(int(b) for b in meta["block"])
         key = meta["key"]
         dtype = torch.bfloat16 if key["in_dtype"] == "bf16" else torch.float32
@@ -66,13 +80,27 @@ def run(out: Path):
             xs = [torch.randn(t, h, device="cuda").to(dtype) for _ in range(harness.rotation_count(t * h * 2))]
             data = torch.empty(t, h, dtype=torch.float8_e4m3fn, device="cuda")
             packed = key["packed_ue8m0"]
-            sf = torch.empty(t, (h // 128 + 3) // 4 if packed else h // 128, dtype=torch.int32 if packed else torch.float32, device="cuda")
+            sf = torch.empty(
+                t,
+                (h // 128 + 3) // 4 if packed else h // 128,
+                dtype=torch.int32 if packed else torch.float32,
+                device="cuda",
+            )
             scale = 4 if packed else 1
 
             def call(x):
-                values = {"X": x.data_ptr(), "Y": data.data_ptr(), "S": sf.data_ptr(), "amax_clamp": 1e-4,
-                          "num_tokens": t, "hidden": h, "x_stride": h, "y_stride": h,
-                          "sf_stride_t": sf.stride(0) * scale, "sf_stride_g": sf.stride(1) * scale}
+                values = {
+                    "X": x.data_ptr(),
+                    "Y": data.data_ptr(),
+                    "S": sf.data_ptr(),
+                    "amax_clamp": 1e-4,
+                    "num_tokens": t,
+                    "hidden": h,
+                    "x_stride": h,
+                    "y_stride": h,
+                    "sf_stride_t": sf.stride(0) * scale,
+                    "sf_stride_g": sf.stride(1) * scale,
+                }
                 args = tuple(values[n] for n in names)
                 launcher.launch(handle, grid(*args), block, 0, torch.cuda.current_stream().cuda_stream, sig, args)
 
@@ -83,7 +111,11 @@ def run(out: Path):
             us = harness.time_gpu(call, [(x,) for x in xs], reps=30)["median_us"]
             gbs = t * h * (dtype.itemsize + 1) / us / 1e3
             rows.append((stem, t, h, us, gbs, 100 * gbs / copy, ok))
-            print(f"{stem:90s} {t:6d}x{h:5d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}% {'ok' if ok else 'MISMATCH'}", flush=True)
+            print(
+                f"{stem:90s} {t:6d}x{h:5d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}% "
+                f"{'ok' if ok else 'MISMATCH'}",
+                flush=True,
+            )
     best = {}
     for r in rows:
         k = (r[0].split(".t")[0], r[1], r[2])

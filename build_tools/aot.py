@@ -14,7 +14,6 @@ needs is read from the lowered IR here (../shared/notes/tilelang_aot.md), never 
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
 import json
 import os
@@ -45,17 +44,12 @@ def cmd_list(args):
 
 def check_launch_expr(text: str, names: set[str]) -> str:
     """Grid and block come out as TIR expressions of runtime dims; the runtime evaluates
-    them, so only integer arithmetic on known parameter names is allowed through."""
-    allowed = (ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Name,
-               ast.Load, ast.Constant, ast.Call)
-    tree = ast.parse(text, mode="eval")
-    for node in ast.walk(tree):
-        ok = isinstance(node, allowed)
-        ok = ok and not (isinstance(node, ast.Name) and node.id not in names | {"min", "max"})
-        ok = ok and not (isinstance(node, ast.Constant) and type(node.value) is not int)
-        ok = ok and not (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in ("min", "max")))
-        if not ok:
-            raise SystemExit(f"aot: launch expression {text!r} uses {ast.dump(node)}, which the runtime cannot evaluate")
+    them, so it accepts only integer arithmetic on parameter names (loader.launch_expr_error)."""
+    from tilebake._runtime.loader import launch_expr_error
+
+    error = launch_expr_error(text, names)
+    if error:
+        raise SystemExit(f"aot: {error}")
     return text
 
 

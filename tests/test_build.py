@@ -67,8 +67,9 @@ def test_cuobjdump_sees_the_right_elf_arch(manifest):
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     for per_arch in manifest["kernels"].values():
         for arch, entry in per_arch.items():
-            listing = subprocess.run([tool, "-lelf", str(loader.KERNEL_DIR / entry["binary"])],
-                                     capture_output=True, text=True, check=True).stdout
+            listing = subprocess.run(
+                [tool, "-lelf", str(loader.KERNEL_DIR / entry["binary"])], capture_output=True, text=True, check=True
+            ).stdout
             assert f".{arch}.cubin" in listing, (entry["binary"], listing)
 
 
@@ -78,5 +79,7 @@ def test_launcher_links_neither_libtorch_nor_libcuda():
 
     needed = subprocess.run(["readelf", "-d", _launcher.__file__], capture_output=True, text=True, check=True).stdout
     libraries = [line.split("[")[1].rstrip("]") for line in needed.splitlines() if "(NEEDED)" in line]
-    assert not [lib for lib in libraries if "torch" in lib or "cuda" in lib or "c10" in lib or "python" in lib], libraries
+    assert not [lib for lib in libraries if "torch" in lib or "cuda" in lib or "c10" in lib or "python" in lib], (
+        libraries
+    )
     assert ".abi3." in Path(_launcher.__file__).name  # Python's stable ABI: every CPython >= 3.10

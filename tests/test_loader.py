@@ -90,3 +90,27 @@ def test_native_launcher_imports_without_a_gpu():
         # No driver here: loading must fail with a clear error, never crash.
         with pytest.raises(RuntimeError, match="CUDA driver|cuInit"):
             _launcher.load(b"\x7fELF", "k", 0, 0)
+
+
+def test_manifest_launch_expressions_are_checked_before_evaluation(fake_device, monkeypatch, tmp_path):
+    """The grid comes from the manifest as text: anything but integer arithmetic on the
+    kernel's parameters is refused as a corrupt artifact, never evaluated."""
+    import json
+
+    fake_device("sm_90a")
+    kernels = tmp_path / "kernels"
+    shutil.copytree(loader.KERNEL_DIR, kernels)
+    data = json.loads((kernels / "manifest.json").read_text())
+    data["kernels"][VARIANT.id]["sm_90a"]["grid"][0] = "__import__('os').getpid()"
+    (kernels / "manifest.json").write_text(json.dumps(data))
+    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    loader.manifest.cache_clear()
+    try:
+        with pytest.raises(CorruptArtifactError, match="not integer arithmetic on parameters"):
+            loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+    finally:
+        loader.manifest.cache_clear()
+    assert loader.launch_expr_error("(num_tokens + 15) // 16 * ((hidden + 511) // 512)", ARGS) is None
+    assert loader.launch_expr_error("max(num_tokens, 1)", ARGS) is None
+    assert "not integer arithmetic" in loader.launch_expr_error("num_tokens / 2.5", ARGS)
+    assert "does not parse" in loader.launch_expr_error("num_tokens +", ARGS)

@@ -59,9 +59,13 @@ def build(v: CastBackVariant):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(VEC):
-                        xs[u, j] = X[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j]  # col, spelled out: the vectorizer must see it is a multiple of VEC
+                        xs[u, j] = X[
+                            row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j
+                        ]  # col, spelled out: the vectorizer must see it is a multiple of VEC
                     if v.packed_ue8m0:
-                        sfs[u] = T.reinterpret(T.shift_left(T.cast(S[row, group // 4, group % 4], "int32"), 23), "float32")
+                        sfs[u] = T.reinterpret(
+                            T.shift_left(T.cast(S[row, group // 4, group % 4], "int32"), 23), "float32"
+                        )
                     else:
                         sfs[u] = S[row, group]
             for u in T.unroll(ROWS_PER_THREAD):

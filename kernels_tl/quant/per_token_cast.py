@@ -38,8 +38,15 @@ DEFAULT_CONFIG = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=2
 
 def candidate_configs():
     """The search space bench/tune_per_token_cast.py times on a GPU."""
-    return [LaunchConfig(t, tpr, r, ept) for t in (128, 256) for tpr in (32, 64, 128) for r in (2, 4) for ept in (0, 16)
-            if tpr <= t]
+    return [
+        LaunchConfig(t, tpr, r, ept)
+        for t in (128, 256)
+        for tpr in (32, 64, 128)
+        for r in (2, 4)
+        for ept in (0, 16)
+        if tpr <= t
+    ]
+
 
 # Every access is guarded per 16-byte vector below; TileLang's per-element guards
 # would split each vector load into eight scalar ones.
@@ -95,7 +102,9 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
-                        xs[u, j] = X[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j]  # col, spelled out: the vectorizer must see it is a multiple of vec
+                        xs[u, j] = X[
+                            row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j
+                        ]  # col, spelled out: the vectorizer must see it is a multiple of vec
                 else:
                     for j in T.vectorized(vec):
                         xs[u, j] = T.cast(0, in_dtype)

@@ -30,6 +30,7 @@ def __getattr__(name):
         return importlib.import_module("tilebake.torch")
     raise AttributeError(f"module 'tilebake' has no attribute {name!r}")
 
+
 __all__ = [
     "config",
     "quant",

@@ -17,15 +17,18 @@ LAYOUTS = [
         ("bf16", "fp32"), (16, 32, 64, 128), [(False, False), (True, False), (True, True)], (False, True)
     )
 ]
-LAYOUT_IDS = [f"{f}-npc{n}-{'round' if r else 'plain'}{'-packed' if p else ''}{'-colmajor' if c else ''}"
-              for f, n, r, p, c in LAYOUTS]
+LAYOUT_IDS = [
+    f"{f}-npc{n}-{'round' if r else 'plain'}{'-packed' if p else ''}{'-colmajor' if c else ''}"
+    for f, n, r, p, c in LAYOUTS
+]
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def quantized(num_tokens, hidden, npc, rs, packed, col, device, row_stride=None):
     x = make_input(num_tokens, hidden, torch.bfloat16, device)
-    data, sf = tilebake.torch.cast(x, "e4m3", (1, npc), round_sf=rs, use_packed_ue8m0=packed,
-                                   use_tma_aligned_col_major_sf=col)
+    data, sf = tilebake.torch.cast(
+        x, "e4m3", (1, npc), round_sf=rs, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col
+    )
     if row_stride is not None:  # the same data seen through a strided view
         wide = torch.zeros(num_tokens, row_stride, dtype=data.dtype, device=device)
         wide[:, :hidden] = data
@@ -61,8 +64,16 @@ BAD_CALLS = [
     (dict(x_special_fmt="e5m6"), ValueError, "x_special_fmt is reserved"),
     (dict(x=torch.zeros(4, 128)), TypeError, "x must be a \\(data, sf\\) tuple"),
     (dict(x=(torch.zeros(4, 128), torch.ones(4, 1))), NotImplementedError, "x\\[0\\] must be float8_e4m3fn"),
-    (dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 2))), ValueError, "x\\[1\\] must have shape \\(4, 1\\)"),
-    (dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 1, dtype=torch.float64))), TypeError, "x\\[1\\] must be torch.float32"),
+    (
+        dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 2))),
+        ValueError,
+        "x\\[1\\] must have shape \\(4, 1\\)",
+    ),
+    (
+        dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 1, dtype=torch.float64))),
+        TypeError,
+        "x\\[1\\] must be torch.float32",
+    ),
     (dict(x=(torch.zeros(4, 120, dtype=torch.float8_e4m3fn), torch.ones(4, 1))), ValueError, "multiple of 16"),
 ]
 
@@ -93,6 +104,7 @@ def test_gpu_torch_compile_fullgraph():
 
 def test_cpu_torch_compile_fullgraph_traces_without_breaks():
     _, q = quantized(10, 256, 32, True, True, True, "cpu")
-    y = torch.compile(lambda d, s: tilebake.quant.cast_back((d, s), "bf16", (1, 32)), fullgraph=True,
-                      backend="aot_eager")(*q)
+    y = torch.compile(
+        lambda d, s: tilebake.quant.cast_back((d, s), "bf16", (1, 32)), fullgraph=True, backend="aot_eager"
+    )(*q)
     assert_bytes_equal(y, tilebake.torch.cast_back(q, "e4m3", (1, 32)), "y")

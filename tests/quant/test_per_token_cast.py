@@ -19,21 +19,26 @@ LAYOUTS = [
         (torch.bfloat16, torch.float32), (32, 128), SF_MODES, (False, True)
     )
 ]
-LAYOUT_IDS = [f"{str(d)[6:]}-npc{n}-{'round' if r else 'plain'}{'-packed' if p else ''}{'-colmajor' if c else ''}"
-              for d, n, r, p, c in LAYOUTS]
+LAYOUT_IDS = [
+    f"{str(d)[6:]}-npc{n}-{'round' if r else 'plain'}{'-packed' if p else ''}{'-colmajor' if c else ''}"
+    for d, n, r, p, c in LAYOUTS
+]
 
 
 def make_input(num_tokens, hidden, dtype, device, row_stride=None):
     """Random values over many binades (not just N(0,1)), sliced from a wider buffer when
     row_stride is given so the kernel sees a real row stride."""
     width = row_stride or hidden
-    base = torch.randn(num_tokens, width, device=device) * torch.exp2(torch.randint(-8, 9, (num_tokens, 1), device=device).float())
+    base = torch.randn(num_tokens, width, device=device) * torch.exp2(
+        torch.randint(-8, 9, (num_tokens, 1), device=device).float()
+    )
     return base.to(dtype)[:, :hidden]
 
 
 def reference(x, npc, round_sf, packed, col):
-    return tilebake.torch.cast(x, "e4m3", (1, npc), round_sf=round_sf, use_packed_ue8m0=packed,
-                               use_tma_aligned_col_major_sf=col)
+    return tilebake.torch.cast(
+        x, "e4m3", (1, npc), round_sf=round_sf, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col
+    )
 
 
 def check_against_reference(x, npc, round_sf, packed, col, use_out=False):
@@ -41,10 +46,13 @@ def check_against_reference(x, npc, round_sf, packed, col, use_out=False):
     out = None
     if use_out:
         num_tokens, hidden = x.shape
-        out = (poison_(torch.empty(num_tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device)),
-               poison_(alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col)))
-    data, sf = tilebake.quant.per_token_cast(x, "e4m3", npc, use_tma_aligned_col_major_sf=col, round_sf=round_sf,
-                                             use_packed_ue8m0=packed, out=out)
+        out = (
+            poison_(torch.empty(num_tokens, hidden, dtype=torch.float8_e4m3fn, device=x.device)),
+            poison_(alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col)),
+        )
+    data, sf = tilebake.quant.per_token_cast(
+        x, "e4m3", npc, use_tma_aligned_col_major_sf=col, round_sf=round_sf, use_packed_ue8m0=packed, out=out
+    )
     if out is not None:
         assert data is out[0] and sf is out[1]
     assert_bytes_equal(data, expected[0], "data")
@@ -72,7 +80,11 @@ BAD_CALLS = [
     (dict(x=torch.zeros(4, 128, 2, dtype=torch.bfloat16)), ValueError, "x must be 2-D"),
     (dict(x=torch.zeros(4, 120, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
     (dict(x=torch.zeros(128, 4, dtype=torch.bfloat16).t()), ValueError, "contiguous in its last dim"),
-    (dict(x=torch.zeros(4, 132, dtype=torch.bfloat16)[:, :128]), ValueError, "row stride must be a multiple of 16 bytes"),
+    (
+        dict(x=torch.zeros(4, 132, dtype=torch.bfloat16)[:, :128]),
+        ValueError,
+        "row stride must be a multiple of 16 bytes",
+    ),
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
@@ -80,10 +92,26 @@ BAD_CALLS = [
     (dict(use_e4m3_sf=True), NotImplementedError, "use_e4m3_sf"),
     (dict(stochastic_cast=True), NotImplementedError, "stochastic_cast"),
     (dict(x="not a tensor"), TypeError, "x must be a torch.Tensor"),
-    (dict(out=(torch.empty(4, 128, dtype=torch.bfloat16), torch.empty(4, 1))), TypeError, "out\\[0\\] must be torch.float8_e4m3fn"),
-    (dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 2))), ValueError, "out\\[1\\] must have shape \\(4, 1\\)"),
-    (dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1, dtype=torch.int32))), TypeError, "out\\[1\\] must be torch.float32"),
-    (dict(out=(torch.empty(3, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1))), ValueError, "out\\[0\\] must have shape"),
+    (
+        dict(out=(torch.empty(4, 128, dtype=torch.bfloat16), torch.empty(4, 1))),
+        TypeError,
+        "out\\[0\\] must be torch.float8_e4m3fn",
+    ),
+    (
+        dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 2))),
+        ValueError,
+        "out\\[1\\] must have shape \\(4, 1\\)",
+    ),
+    (
+        dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1, dtype=torch.int32))),
+        TypeError,
+        "out\\[1\\] must be torch.float32",
+    ),
+    (
+        dict(out=(torch.empty(3, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1))),
+        ValueError,
+        "out\\[0\\] must have shape",
+    ),
 ]
 
 
@@ -121,7 +149,9 @@ def test_gpu_odd_shapes_poisoned_out(num_tokens, hidden, dtype, npc, sf_mode):
     rs, packed = sf_mode
     for col in (False, True):
         check_against_reference(make_input(num_tokens, hidden, dtype, "cuda"), npc, rs, packed, col, use_out=True)
-        check_against_reference(make_input(num_tokens, hidden, dtype, "cuda", row_stride=hidden + 64), npc, rs, packed, col)
+        check_against_reference(
+            make_input(num_tokens, hidden, dtype, "cuda", row_stride=hidden + 64), npc, rs, packed, col
+        )
 
 
 @pytest.mark.gpu
@@ -131,8 +161,12 @@ def test_gpu_rejects_misaligned_pointers():
         tilebake.quant.per_token_cast(x, "e4m3", 128)
     data = torch.empty(4 * 128 + 8, dtype=torch.float8_e4m3fn, device="cuda")[8:].view(4, 128)
     with pytest.raises(ValueError, match="out\\[0\\] must start at a 16-byte aligned address"):
-        tilebake.quant.per_token_cast(torch.zeros(4, 128, dtype=torch.bfloat16, device="cuda"), "e4m3", 128,
-                                      out=(data, torch.empty(4, 1, device="cuda")))
+        tilebake.quant.per_token_cast(
+            torch.zeros(4, 128, dtype=torch.bfloat16, device="cuda"),
+            "e4m3",
+            128,
+            out=(data, torch.empty(4, 1, device="cuda")),
+        )
     q = torch.empty(4 * 128 + 8, dtype=torch.float8_e4m3fn, device="cuda")[8:].view(4, 128)
     with pytest.raises(ValueError, match="x\\[0\\] must start at a 16-byte aligned address"):
         tilebake.quant.cast_back((q, torch.ones(4, 1, device="cuda")), "bf16", (1, 128))
@@ -164,8 +198,9 @@ def test_gpu_torch_compile_fullgraph():
     x = make_input(300, 1024, torch.bfloat16, "cuda")
 
     def f(x):
-        data, sf = tilebake.quant.per_token_cast(x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True,
-                                                 use_tma_aligned_col_major_sf=True)
+        data, sf = tilebake.quant.per_token_cast(
+            x, "e4m3", 128, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True
+        )
         return data, sf
 
     data, sf = torch.compile(f, fullgraph=True)(x)
@@ -197,8 +232,9 @@ def test_cpu_torch_compile_fullgraph_traces_without_breaks():
     x = make_input(33, 256, torch.bfloat16, "cpu")
 
     def f(x):
-        return tilebake.quant.per_token_cast(x, "e4m3", 32, round_sf=True, use_packed_ue8m0=True,
-                                             use_tma_aligned_col_major_sf=True)
+        return tilebake.quant.per_token_cast(
+            x, "e4m3", 32, round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True
+        )
 
     data, sf = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
     expected = reference(x, 32, True, True, True)
@@ -206,8 +242,9 @@ def test_cpu_torch_compile_fullgraph_traces_without_breaks():
     assert_bytes_equal(sf, expected[1], "sf")
     assert sf.stride() == expected[1].stride()
     out = (poison_(torch.empty(33, 256, dtype=torch.float8_e4m3fn)), poison_(torch.empty(33, 8)))
-    torch.compile(lambda x, d, s: tilebake.quant.per_token_cast(x, "e4m3", 32, out=(d, s)), fullgraph=True,
-                  backend="aot_eager")(x, *out)
+    torch.compile(
+        lambda x, d, s: tilebake.quant.per_token_cast(x, "e4m3", 32, out=(d, s)), fullgraph=True, backend="aot_eager"
+    )(x, *out)
     expected = reference(x, 32, False, False, False)
     assert_bytes_equal(out[0], expected[0], "out data")
     assert_bytes_equal(out[1], expected[1], "out sf")

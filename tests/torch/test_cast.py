@@ -28,12 +28,12 @@ def _e4m3_code_value(code):
     if exp == 15 and man == 7:
         return None
     if exp == 0:
-        return sign * (man / 8.0) * 2.0 ** -6
+        return sign * (man / 8.0) * 2.0**-6
     return sign * (1.0 + man / 8.0) * 2.0 ** (exp - 7)
 
 
-E4M3_POS = [_e4m3_code_value(c) for c in range(127)]   # codes 0..126, increasing, max 448
-E2M1_POS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]     # codes 0..7
+E4M3_POS = [_e4m3_code_value(c) for c in range(127)]  # codes 0..126, increasing, max 448
+E2M1_POS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # codes 0..7
 
 
 def _nearest_even(m, table):
@@ -70,14 +70,23 @@ def bf_e2m1_code(q):
 
 def bf_decode(codes, fmt):
     if fmt == "e4m3":
-        return np.array([[_e4m3_code_value(int(c)) if _e4m3_code_value(int(c)) is not None else np.nan
-                          for c in row] for row in codes], dtype=np.float32).reshape(codes.shape)
+        return np.array(
+            [
+                [_e4m3_code_value(int(c)) if _e4m3_code_value(int(c)) is not None else np.nan for c in row]
+                for row in codes
+            ],
+            dtype=np.float32,
+        ).reshape(codes.shape)
     tab = E2M1_POS + [-v for v in E2M1_POS]
     return np.array([[tab[int(c)] for c in row] for row in codes], dtype=np.float32).reshape(codes.shape)
 
 
-DEFAULT_CLAMP = {("e4m3", False): 1e-4, ("e4m3", True): 448.0 / 512, ("e2m1", False): 6.0 * 2.0 ** -126,
-                 ("e2m1", True): 6.0 / 512}
+DEFAULT_CLAMP = {
+    ("e4m3", False): 1e-4,
+    ("e4m3", True): 448.0 / 512,
+    ("e2m1", False): 6.0 * 2.0**-126,
+    ("e2m1", True): 6.0 / 512,
+}
 FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
 
@@ -88,8 +97,8 @@ def bf_scale(c, fmt, round_sf, e4m3_sf):
     if round_sf:
         s = c * (F32(1.0) / fm)
         mant, ex = math.frexp(float(s))
-        e = ex - 1 if mant == 0.5 else ex          # ceil(log2(s))
-        return 2.0 ** e, F32(2.0 ** -e), e + 127
+        e = ex - 1 if mant == 0.5 else ex  # ceil(log2(s))
+        return 2.0**e, F32(2.0**-e), e + 127
     if e4m3_sf:
         v = c / fm
         sf = E4M3_POS[_nearest_even(float(v), E4M3_POS)]
@@ -186,8 +195,9 @@ def rand_x(T, H, dtype=torch.bfloat16, seed=0):
 # Element encodings
 # ------------------------------------------------------------------------------------------
 
+
 def test_e2m1_encode_every_value_against_table():
-    grid = [k / 64.0 for k in range(0, 8 * 64 + 1)]             # 0 .. 8 in steps of 1/64: all midpoints
+    grid = [k / 64.0 for k in range(0, 8 * 64 + 1)]  # 0 .. 8 in steps of 1/64: all midpoints
     vals = grid + [-v for v in grid] + [-0.0, float("inf"), float("-inf"), float("nan"), 1e30, 1e-30]
     q = torch.tensor(vals, dtype=torch.float32)
     got = ref.e2m1_encode(q).numpy()
@@ -217,7 +227,7 @@ def test_e4m3_encode_rne_all_midpoints():
     pos = E4M3_POS
     mids = [(a + b) / 2 for a, b in zip(pos[:-1], pos[1:])]
     nudged = [np.nextafter(F32(m), F32(0)) for m in mids] + [np.nextafter(F32(m), F32(1e9)) for m in mids]
-    vals = pos + mids + [float(v) for v in nudged] + [500.0, 1e30, 2.0 ** -10, 2.0 ** -11, 3 * 2.0 ** -11]
+    vals = pos + mids + [float(v) for v in nudged] + [500.0, 1e30, 2.0**-10, 2.0**-11, 3 * 2.0**-11]
     vals = vals + [-v for v in vals]
     got = ref.e4m3_encode(torch.tensor(vals, dtype=torch.float32)).view(torch.uint8).tolist()
     assert got == [bf_e4m3_code(v) for v in vals]
@@ -229,14 +239,14 @@ def test_e4m3_encode_rne_all_midpoints():
 
 CASES = [
     # (T, H, fmt, block, round_sf, e4m3_sf)
-    (1, 64, "e4m3", (1, 128), False, False),       # one partial block
-    (3, 192, "e4m3", (1, 128), False, False),      # partial last block
+    (1, 64, "e4m3", (1, 128), False, False),  # one partial block
+    (3, 192, "e4m3", (1, 128), False, False),  # partial last block
     (127, 448, "e4m3", (1, 128), False, False),
     (3, 448, "e4m3", (1, 32), True, False),
-    (127, 192, "e4m3", (32, 32), False, False),    # partial token block
+    (127, 192, "e4m3", (32, 32), False, False),  # partial token block
     (127, 448, "e4m3", (128, 128), True, False),
     (3, 192, "e4m3", (1, 16), False, True),
-    (127, 64, "e4m3", (32, 1), False, False),      # per-channel
+    (127, 64, "e4m3", (32, 1), False, False),  # per-channel
     (127, 64, "e4m3", (128, 1), True, False),
     (1, 448, "e2m1", (1, 32), False, False),
     (3, 192, "e2m1", (1, 16), False, True),
@@ -270,9 +280,9 @@ def test_cast_matches_brute_force(T, H, fmt, block, round_sf, e4m3_sf):
         xb = np.abs(x.float().numpy())
         for bi in range(Tb):
             for bj in range(Kb):
-                blk = xb[bi * bm:(bi + 1) * bm, bj * bk:(bj + 1) * bk]
+                blk = xb[bi * bm : (bi + 1) * bm, bj * bk : (bj + 1) * bk]
                 need = max(float(blk.max()), DEFAULT_CLAMP[(fmt, False)]) / FMT_MAX[fmt]
-                assert need * (1 - 2 ** -22) <= got_sf[bi, bj] < 2 * need * (1 + 2 ** -22)
+                assert need * (1 - 2**-22) <= got_sf[bi, bj] < 2 * need * (1 + 2**-22)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
@@ -284,12 +294,12 @@ def test_cast_quantised_values_are_nearest(fmt):
     table = np.array(E4M3_POS if fmt == "e4m3" else E2M1_POS)
     dec = bf_decode(codes_of(data, fmt), fmt)
     xs = x.numpy()
-    c = sf.numpy() * fm   # recover c only to recompute inv the way numerics.md does
+    c = sf.numpy() * fm  # recover c only to recompute inv the way numerics.md does
     for i in range(3):
         for j in range(192):
-            cb = F32(np.abs(xs[i, (j // 32) * 32:(j // 32) * 32 + 32]).max())
+            cb = F32(np.abs(xs[i, (j // 32) * 32 : (j // 32) * 32 + 32]).max())
             cb = max(cb, F32(DEFAULT_CLAMP[(fmt, False)]))
-            assert abs(float(c[i, j // 32]) - float(cb)) <= float(cb) * 2 ** -22
+            assert abs(float(c[i, j // 32]) - float(cb)) <= float(cb) * 2**-22
             q = xs[i, j] * (fm / cb)
             err = abs(float(dec[i, j]) - float(q))
             best = np.min(np.abs(table - abs(float(q))))
@@ -297,20 +307,31 @@ def test_cast_quantised_values_are_nearest(fmt):
             assert np.isfinite(dec[i, j])
 
 
-@pytest.mark.parametrize("packed,round_sf,e4m3_sf", [(False, False, False), (True, True, False),
-                                                     (False, True, False), (False, False, True)])
-@pytest.mark.parametrize("in_fmt,in_block,out_fmt,out_block", [
-    ("e4m3", (32, 32), "e4m3", (1, 64)),
-    ("e4m3", (1, 32), "e4m3", (32, 1)),
-    ("e2m1", (1, 16), "e4m3", (1, 32)),
-    ("e4m3", (1, 32), "e2m1", (1, 16)),
-])
+@pytest.mark.parametrize(
+    "packed,round_sf,e4m3_sf", [(False, False, False), (True, True, False), (False, True, False), (False, False, True)]
+)
+@pytest.mark.parametrize(
+    "in_fmt,in_block,out_fmt,out_block",
+    [
+        ("e4m3", (32, 32), "e4m3", (1, 64)),
+        ("e4m3", (1, 32), "e4m3", (32, 1)),
+        ("e2m1", (1, 16), "e4m3", (1, 32)),
+        ("e4m3", (1, 32), "e2m1", (1, 16)),
+    ],
+)
 def test_requantise_matches_brute_force(packed, round_sf, e4m3_sf, in_fmt, in_block, out_fmt, out_block):
     T, H = 37, 192
     x = rand_x(T, H, torch.bfloat16, seed=11)
     in_packed = packed and not e4m3_sf
-    qin = cast(x, in_fmt, in_block, round_sf=round_sf or in_packed, use_packed_ue8m0=in_packed,
-               use_tma_aligned_col_major_sf=packed, use_e4m3_sf=e4m3_sf)
+    qin = cast(
+        x,
+        in_fmt,
+        in_block,
+        round_sf=round_sf or in_packed,
+        use_packed_ue8m0=in_packed,
+        use_tma_aligned_col_major_sf=packed,
+        use_e4m3_sf=e4m3_sf,
+    )
     data, sf = cast(qin, out_fmt, out_block, in_block, round_sf=round_sf, use_e4m3_sf=e4m3_sf)
     bm, bk = in_block
     d_vals = bf_decode(codes_of(qin[0], in_fmt), in_fmt)
@@ -324,9 +345,18 @@ def test_requantise_matches_brute_force(packed, round_sf, e4m3_sf, in_fmt, in_bl
 # SF layouts
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("T,H,fmt,block", [(3, 448, "e4m3", (1, 32)), (127, 192, "e2m1", (1, 16)),
-                                           (127, 448, "e4m3", (128, 128)), (127, 192, "e4m3", (32, 1)),
-                                           (1, 64, "e4m3", (1, 128)), (127, 64, "e4m3", (1, 16))])
+
+@pytest.mark.parametrize(
+    "T,H,fmt,block",
+    [
+        (3, 448, "e4m3", (1, 32)),
+        (127, 192, "e2m1", (1, 16)),
+        (127, 448, "e4m3", (128, 128)),
+        (127, 192, "e4m3", (32, 1)),
+        (1, 64, "e4m3", (1, 128)),
+        (127, 64, "e4m3", (1, 16)),
+    ],
+)
 def test_packed_ue8m0_bytes(T, H, fmt, block):
     x = rand_x(T, H, seed=3)
     bm, bk = block
@@ -355,9 +385,17 @@ def test_packed_ue8m0_bytes(T, H, fmt, block):
                     assert byte == (want[r, 4 * k + i] if 4 * k + i < Kb else 0)
 
 
-@pytest.mark.parametrize("packed,e4m3_sf,block", [(False, False, (1, 32)), (True, False, (1, 32)),
-                                                  (False, True, (1, 16)), (False, False, (32, 32)),
-                                                  (True, False, (128, 128)), (True, False, (32, 1))])
+@pytest.mark.parametrize(
+    "packed,e4m3_sf,block",
+    [
+        (False, False, (1, 32)),
+        (True, False, (1, 32)),
+        (False, True, (1, 16)),
+        (False, False, (32, 32)),
+        (True, False, (128, 128)),
+        (True, False, (32, 1)),
+    ],
+)
 @pytest.mark.parametrize("T", [1, 3, 127])
 def test_tma_aligned_col_major_sf(packed, e4m3_sf, block, T):
     H = 448
@@ -371,8 +409,10 @@ def test_tma_aligned_col_major_sf(packed, e4m3_sf, block, T):
     align = 16 // sf.element_size()
     pad_r = sf.stride(1)
     assert sf.stride(0) == 1 and pad_r % align == 0 and R <= pad_r < R + align
-    assert torch.equal(sf.view(torch.uint8) if sf.element_size() == 1 else sf, 
-                       sf_ref.view(torch.uint8) if sf.element_size() == 1 else sf_ref)
+    assert torch.equal(
+        sf.view(torch.uint8) if sf.element_size() == 1 else sf,
+        sf_ref.view(torch.uint8) if sf.element_size() == 1 else sf_ref,
+    )
     full = torch.as_strided(sf, (C, pad_r), (pad_r, 1), sf.storage_offset())
     pad = full[:, R:]
     if pad.numel():
@@ -385,15 +425,19 @@ def test_tma_aligned_col_major_sf(packed, e4m3_sf, block, T):
 # cast_back
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt,block,kw,limit", [
-    ("e4m3", (1, 128), {}, 1e-3),
-    ("e4m3", (1, 128), {"round_sf": True, "use_packed_ue8m0": True}, 1e-3),
-    ("e4m3", (128, 128), {"use_tma_aligned_col_major_sf": True}, 1e-3),
-    ("e4m3", (1, 16), {"use_e4m3_sf": True}, 2e-2),
-    ("e2m1", (1, 32), {}, 2e-2),
-    ("e2m1", (1, 16), {"use_e4m3_sf": True}, 2e-2),
-    ("e2m1", (32, 32), {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, 2e-2),
-])
+
+@pytest.mark.parametrize(
+    "fmt,block,kw,limit",
+    [
+        ("e4m3", (1, 128), {}, 1e-3),
+        ("e4m3", (1, 128), {"round_sf": True, "use_packed_ue8m0": True}, 1e-3),
+        ("e4m3", (128, 128), {"use_tma_aligned_col_major_sf": True}, 1e-3),
+        ("e4m3", (1, 16), {"use_e4m3_sf": True}, 2e-2),
+        ("e2m1", (1, 32), {}, 2e-2),
+        ("e2m1", (1, 16), {"use_e4m3_sf": True}, 2e-2),
+        ("e2m1", (32, 32), {"round_sf": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, 2e-2),
+    ],
+)
 @pytest.mark.parametrize("T,H", [(1, 64), (3, 192), (127, 448)])
 def test_cast_back_roundtrip_and_exact(fmt, block, kw, limit, T, H):
     g = torch.Generator().manual_seed(T + H)
@@ -406,7 +450,7 @@ def test_cast_back_roundtrip_and_exact(fmt, block, kw, limit, T, H):
     bm, bk = block
     d_vals = bf_decode(codes_of(q[0], fmt), fmt)
     s_vals = expand(sf_values(q[1], bm, bk, T, H, kw.get("use_packed_ue8m0", False)), bm, bk, T, H)
-    prod = d_vals * s_vals       # float32 * float32, element-wise IEEE
+    prod = d_vals * s_vals  # float32 * float32, element-wise IEEE
     y32 = cast_back(q, fmt, block, out_dtype=torch.float32)
     assert y32.dtype == torch.float32
     np.testing.assert_array_equal(y32.numpy(), prod)
@@ -420,12 +464,22 @@ def test_cast_back_roundtrip_and_exact(fmt, block, kw, limit, T, H):
 # Robustness: NaN, empty, partial blocks, strides
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt,kw", [("e4m3", {}), ("e4m3", {"round_sf": True}), ("e4m3", {"use_e4m3_sf": True}),
-                                    ("e2m1", {}), ("e2m1", {"round_sf": True}), ("e2m1", {"use_e4m3_sf": True})])
+
+@pytest.mark.parametrize(
+    "fmt,kw",
+    [
+        ("e4m3", {}),
+        ("e4m3", {"round_sf": True}),
+        ("e4m3", {"use_e4m3_sf": True}),
+        ("e2m1", {}),
+        ("e2m1", {"round_sf": True}),
+        ("e2m1", {"use_e4m3_sf": True}),
+    ],
+)
 def test_no_nan_from_finite_inputs(fmt, kw):
     big = torch.finfo(torch.bfloat16).max
     x = torch.zeros(5, 64)
-    x[1] = 1e-30                         # below every clamp
+    x[1] = 1e-30  # below every clamp
     x[2, :3] = torch.tensor([big, -big, 1.0])
     x[3] = -0.0
     x[4] = torch.randn(64) * 1e-6
@@ -453,22 +507,25 @@ def test_nan_input_is_visible_and_does_not_poison_the_block():
     clean[0, 5] = 0.0
     d, sf = cast(x, "e4m3", (1, 32))
     d0, sf0 = cast(clean, "e4m3", (1, 32))
-    assert torch.equal(sf, sf0)                      # amax ignores NaN (fmaxf semantics)
-    assert torch.isnan(d.float()[0, 5])              # the NaN element stays NaN in e4m3
+    assert torch.equal(sf, sf0)  # amax ignores NaN (fmaxf semantics)
+    assert torch.isnan(d.float()[0, 5])  # the NaN element stays NaN in e4m3
     mask = torch.ones_like(x, dtype=torch.bool)
     mask[0, 5] = False
     assert torch.equal(d.view(torch.uint8)[mask], d0.view(torch.uint8)[mask])
     d4, _ = cast(x, "e2m1", (1, 32))
-    assert (codes_of(d4, "e2m1")[0, 5] & 7) == 7     # NaN -> magnitude 6 per numerics.md
+    assert (codes_of(d4, "e2m1")[0, 5] & 7) == 7  # NaN -> magnitude 6 per numerics.md
 
 
-@pytest.mark.parametrize("fmt,block,kw,sf_shape,sf_dtype", [
-    ("e4m3", (1, 128), {}, (0, 4), torch.float32),
-    ("e2m1", (1, 32), {"round_sf": True, "use_packed_ue8m0": True}, (0, 4), torch.int32),
-    ("e4m3", (128, 128), {"use_tma_aligned_col_major_sf": True}, (0, 4), torch.float32),
-    ("e4m3", (32, 1), {"round_sf": True, "use_packed_ue8m0": True}, (0, 448), torch.int32),
-    ("e4m3", (1, 16), {"use_e4m3_sf": True, "use_tma_aligned_col_major_sf": True}, (0, 28), torch.float8_e4m3fn),
-])
+@pytest.mark.parametrize(
+    "fmt,block,kw,sf_shape,sf_dtype",
+    [
+        ("e4m3", (1, 128), {}, (0, 4), torch.float32),
+        ("e2m1", (1, 32), {"round_sf": True, "use_packed_ue8m0": True}, (0, 4), torch.int32),
+        ("e4m3", (128, 128), {"use_tma_aligned_col_major_sf": True}, (0, 4), torch.float32),
+        ("e4m3", (32, 1), {"round_sf": True, "use_packed_ue8m0": True}, (0, 448), torch.int32),
+        ("e4m3", (1, 16), {"use_e4m3_sf": True, "use_tma_aligned_col_major_sf": True}, (0, 28), torch.float8_e4m3fn),
+    ],
+)
 def test_empty_input(fmt, block, kw, sf_shape, sf_dtype):
     x = torch.empty(0, 448, dtype=torch.bfloat16)
     data, sf = cast(x, fmt, block, **kw)
@@ -479,21 +536,29 @@ def test_empty_input(fmt, block, kw, sf_shape, sf_dtype):
     assert y.shape == (0, 448) and y.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("fmt,block,kw", [("e4m3", (1, 128), {}), ("e2m1", (1, 32), {"round_sf": True}),
-                                          ("e4m3", (32, 32), {"use_e4m3_sf": True}), ("e4m3", (32, 1), {})])
+@pytest.mark.parametrize(
+    "fmt,block,kw",
+    [
+        ("e4m3", (1, 128), {}),
+        ("e2m1", (1, 32), {"round_sf": True}),
+        ("e4m3", (32, 32), {"use_e4m3_sf": True}),
+        ("e4m3", (32, 1), {}),
+    ],
+)
 @pytest.mark.parametrize("T,H", [(1, 64), (3, 192), (127, 448), (5, 100)])
 def test_strided_input_and_partial_blocks(fmt, block, kw, T, H):
     g = torch.Generator().manual_seed(T * H)
     buf = torch.randn(T + 40, H + 77, generator=g).bfloat16()
-    buf[:, H:] = 3e4          # huge values just past the valid columns and rows: must not enter any amax
+    buf[:, H:] = 3e4  # huge values just past the valid columns and rows: must not enter any amax
     buf[T:, :] = -3e4
     x = buf[:T, :H]
     assert x.stride() == (H + 77, 1)
     d1, s1 = cast(x, fmt, block, **kw)
     d2, s2 = cast(x.contiguous(), fmt, block, **kw)
     assert torch.equal(d1.view(torch.uint8), d2.view(torch.uint8))
-    assert torch.equal(s1.view(torch.uint8) if s1.element_size() == 1 else s1,
-                       s2.view(torch.uint8) if s2.element_size() == 1 else s2)
+    assert torch.equal(
+        s1.view(torch.uint8) if s1.element_size() == 1 else s1, s2.view(torch.uint8) if s2.element_size() == 1 else s2
+    )
     # partial blocks: amax over valid elements only (all |x| here are < 10, far below 3e4)
     assert float(s1.float().max()) < 10.0 / FMT_MAX[fmt] * 2
 
@@ -510,8 +575,7 @@ def test_custom_amax_clamp():
 def test_precomputed_sf_with_power_of_two_sf_equals_cast():
     x = rand_x(3, 192, seed=5)
     d, sf = cast(x, "e4m3", (1, 32), round_sf=True)
-    assert torch.equal(ref.cast_with_precomputed_sf(x, "e4m3", (1, 32), sf).view(torch.uint8),
-                       d.view(torch.uint8))
+    assert torch.equal(ref.cast_with_precomputed_sf(x, "e4m3", (1, 32), sf).view(torch.uint8), d.view(torch.uint8))
 
 
 # ------------------------------------------------------------------------------------------
@@ -521,35 +585,46 @@ def test_precomputed_sf_with_power_of_two_sf_equals_cast():
 X = torch.randn(4, 64)
 
 
-@pytest.mark.parametrize("call,exc,word", [
-    (lambda: cast(X, "fp8", (1, 32)), ValueError, "fmt"),
-    (lambda: cast(X, 8, (1, 32)), TypeError, "fmt"),
-    (lambda: cast(X, "e4m3", (0, 32)), ValueError, "block_size"),
-    (lambda: cast(X, "e4m3", (1,)), TypeError, "block_size"),
-    (lambda: cast(X, "e4m3", (1, 32.0)), TypeError, "block_size"),
-    (lambda: cast(X, "e4m3", (1, 32), use_packed_ue8m0=True), ValueError, "use_packed_ue8m0"),
-    (lambda: cast(X, "e4m3", (1, 32), round_sf=True, use_e4m3_sf=True), ValueError, "use_e4m3_sf"),
-    (lambda: cast(X, "e4m3", (1, 32), round_sf=1), TypeError, "round_sf"),
-    (lambda: cast(X, "e4m3", (1, 32), amax_clamp=-1.0), ValueError, "amax_clamp"),
-    (lambda: cast(X, "e4m3", (1, 32), amax_clamp="x"), TypeError, "amax_clamp"),
-    (lambda: cast(X[None], "e4m3", (1, 32)), ValueError, "x"),
-    (lambda: cast(X.to(torch.int32), "e4m3", (1, 32)), TypeError, "x"),
-    (lambda: cast(X.half(), "e4m3", (1, 32)), TypeError, "x"),
-    (lambda: cast(X[:, :63], "e2m1", (1, 32)), ValueError, "H"),
-    (lambda: cast(X, "e4m3", (1, 32), (1, 32)), ValueError, "x_block_size"),
-    (lambda: cast(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32)), ValueError, "x_block_size"),
-    (lambda: cast(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32), (1, 16)), ValueError, "SF"),
-    (lambda: cast((X, X), "e4m3", (1, 32), (1, 32)), TypeError, "data"),
-    (lambda: cast((cast(X, "e4m3", (1, 32))[0], torch.zeros(4, 2, dtype=torch.float16)), "e4m3", (1, 32),
-                  (1, 32)), TypeError, "SF"),
-    (lambda: cast("x", "e4m3", (1, 32)), TypeError, "x"),
-    (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e2m1", (1, 32)), TypeError, "fmt"),
-    (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32), out_dtype=torch.float16), ValueError,
-     "out_dtype"),
-    (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", (1, 64)), ValueError, "SF"),
-    (lambda: cast_back(X, "e4m3", (1, 32)), TypeError, "x"),
-    (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", None), TypeError, "x_block_size"),
-])
+@pytest.mark.parametrize(
+    "call,exc,word",
+    [
+        (lambda: cast(X, "fp8", (1, 32)), ValueError, "fmt"),
+        (lambda: cast(X, 8, (1, 32)), TypeError, "fmt"),
+        (lambda: cast(X, "e4m3", (0, 32)), ValueError, "block_size"),
+        (lambda: cast(X, "e4m3", (1,)), TypeError, "block_size"),
+        (lambda: cast(X, "e4m3", (1, 32.0)), TypeError, "block_size"),
+        (lambda: cast(X, "e4m3", (1, 32), use_packed_ue8m0=True), ValueError, "use_packed_ue8m0"),
+        (lambda: cast(X, "e4m3", (1, 32), round_sf=True, use_e4m3_sf=True), ValueError, "use_e4m3_sf"),
+        (lambda: cast(X, "e4m3", (1, 32), round_sf=1), TypeError, "round_sf"),
+        (lambda: cast(X, "e4m3", (1, 32), amax_clamp=-1.0), ValueError, "amax_clamp"),
+        (lambda: cast(X, "e4m3", (1, 32), amax_clamp="x"), TypeError, "amax_clamp"),
+        (lambda: cast(X[None], "e4m3", (1, 32)), ValueError, "x"),
+        (lambda: cast(X.to(torch.int32), "e4m3", (1, 32)), TypeError, "x"),
+        (lambda: cast(X.half(), "e4m3", (1, 32)), TypeError, "x"),
+        (lambda: cast(X[:, :63], "e2m1", (1, 32)), ValueError, "H"),
+        (lambda: cast(X, "e4m3", (1, 32), (1, 32)), ValueError, "x_block_size"),
+        (lambda: cast(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32)), ValueError, "x_block_size"),
+        (lambda: cast(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32), (1, 16)), ValueError, "SF"),
+        (lambda: cast((X, X), "e4m3", (1, 32), (1, 32)), TypeError, "data"),
+        (
+            lambda: cast(
+                (cast(X, "e4m3", (1, 32))[0], torch.zeros(4, 2, dtype=torch.float16)), "e4m3", (1, 32), (1, 32)
+            ),
+            TypeError,
+            "SF",
+        ),
+        (lambda: cast("x", "e4m3", (1, 32)), TypeError, "x"),
+        (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e2m1", (1, 32)), TypeError, "fmt"),
+        (
+            lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", (1, 32), out_dtype=torch.float16),
+            ValueError,
+            "out_dtype",
+        ),
+        (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", (1, 64)), ValueError, "SF"),
+        (lambda: cast_back(X, "e4m3", (1, 32)), TypeError, "x"),
+        (lambda: cast_back(cast(X, "e4m3", (1, 32)), "e4m3", None), TypeError, "x_block_size"),
+    ],
+)
 def test_bad_arguments_raise_with_name(call, exc, word):
     with pytest.raises(exc, match=word):
         call()

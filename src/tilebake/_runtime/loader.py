@@ -10,6 +10,7 @@ Python calls and one native launch.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -65,8 +66,33 @@ def _native():
     return _launcher
 
 
-def _compile_grid(exprs: list[str], arg_names: tuple[str, ...]):
-    # The build only lets integer arithmetic on parameter names through (aot.check_launch_expr).
+_LAUNCH_EXPR_NODES = (ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Name, ast.Load,
+                      ast.Constant, ast.Call)  # fmt: skip
+
+
+def launch_expr_error(text: str, names) -> str | None:
+    """Why a grid expression from the manifest is not plain integer arithmetic on the kernel's
+    parameter names (and min/max), or None. Checked by the build and again before evaluating."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return f"launch expression {text!r} does not parse"
+    for node in ast.walk(tree):
+        if (
+            not isinstance(node, _LAUNCH_EXPR_NODES)
+            or (isinstance(node, ast.Name) and node.id not in {*names, "min", "max"})
+            or (isinstance(node, ast.Constant) and type(node.value) is not int)
+            or (isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in ("min", "max")))
+        ):
+            return f"launch expression {text!r} uses {ast.dump(node)}, which is not integer arithmetic on parameters"
+    return None
+
+
+def _compile_grid(exprs: list[str], arg_names: tuple[str, ...], where: str):
+    for text in exprs:
+        error = launch_expr_error(text, arg_names)
+        if error:
+            raise CorruptArtifactError(f"{where}: {error}")
     return eval(f"lambda {', '.join(arg_names)}: ({', '.join(exprs)},)", {"__builtins__": {"min": min, "max": max}})
 
 
@@ -83,7 +109,9 @@ class Kernel:
         entries = manifest()["kernels"].get(variant.id)
         if entries is None:
             closest = "\n  ".join(type(variant).closest(variant))
-            raise VariantNotBuiltError(f"{variant.id} is not built into this wheel; the closest built variants:\n  {closest}")
+            raise VariantNotBuiltError(
+                f"{variant.id} is not built into this wheel; the closest built variants:\n  {closest}"
+            )
         self._entries = entries
         self._per_device: dict[int, tuple] = {}
 
@@ -102,13 +130,15 @@ class Kernel:
         except OSError as e:
             raise CorruptArtifactError(f"kernel binary {path} is unreadable: {e}") from None
         if hashlib.sha256(image).hexdigest() != entry["sha256"]:
-            raise CorruptArtifactError(f"kernel binary {path} does not match the sha256 in the manifest; reinstall tilebake")
+            raise CorruptArtifactError(
+                f"kernel binary {path} does not match the sha256 in the manifest; reinstall tilebake"
+            )
         params = [p["name"] for p in entry["params"]]
         if sorted(params) != sorted(self.arg_names):
             raise CorruptArtifactError(
                 f"{self.variant.id} for {arch} takes parameters {params}; the runtime passes {list(self.arg_names)}"
             )
-        grid = _compile_grid(entry["grid"], self.arg_names)
+        grid = _compile_grid(entry["grid"], self.arg_names, f"manifest entry {self.variant.id} for {arch}")
         block = tuple(int(b) for b in entry["block"])
         smem = int(entry["dynamic_smem"])
         signature = "".join(p["kind"] for p in entry["params"]).encode()
@@ -124,7 +154,9 @@ class Kernel:
             handle, grid, block, smem, signature, reorder, launch = self._per_device[device_index]
         except KeyError:
             handle, grid, block, smem, signature, reorder, launch = self._load(device_index)
-        launch(handle, grid(*args), block, smem, torch._C._cuda_getCurrentRawStream(device_index), signature, reorder(args))
+        launch(
+            handle, grid(*args), block, smem, torch._C._cuda_getCurrentRawStream(device_index), signature, reorder(args)
+        )
 
 
 class KernelTable(dict):

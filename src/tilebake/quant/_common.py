@@ -57,7 +57,8 @@ def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> None:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
     if num_tokens > 1 and (x.stride(0) * x.element_size()) % 16:
         raise ValueError(
-            f"{name}'s row stride must be a multiple of 16 bytes, got {x.stride(0)} elements of {x.element_size()} bytes"
+            f"{name}'s row stride must be a multiple of 16 bytes, "
+            f"got {x.stride(0)} elements of {x.element_size()} bytes"
         )
 
 
@@ -65,12 +66,16 @@ def check_aligned(pointer: int, name: str) -> None:
     """Kernels read and write whole 16-byte vectors. Checked at launch, where the data
     pointers are at hand anyway (and not while torch.compile traces, where they are not)."""
     if pointer % 16:
-        raise ValueError(f"{name} must start at a 16-byte aligned address (a view with a misaligned offset?), got {pointer:#x}")
+        raise ValueError(
+            f"{name} must start at a 16-byte aligned address (a view with a misaligned offset?), got {pointer:#x}"
+        )
 
 
 def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, like: torch.Tensor) -> None:
     """A preallocated output: `shape` and `dtype`, on `like`'s device, rows as check_rows wants."""
-    if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.get_device() == like.get_device()):
+    if not (
+        isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.get_device() == like.get_device()
+    ):
         _explain_tensor(t, name, shape, dtype, like)
     check_rows(t, name, hidden_multiple=1)
 
@@ -90,7 +95,9 @@ def sf_layout(num_groups: int, use_packed_ue8m0: bool) -> tuple[torch.dtype, int
     return (torch.int32, ceil_div(num_groups, 4)) if use_packed_ue8m0 else (torch.float32, num_groups)
 
 
-def alloc_sf(like: torch.Tensor, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool) -> torch.Tensor:
+def alloc_sf(
+    like: torch.Tensor, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool
+) -> torch.Tensor:
     """Scale factors on `like`'s device."""
     dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
     if col_major:
@@ -104,8 +111,12 @@ def alloc_sf(like: torch.Tensor, num_tokens: int, num_groups: int, use_packed_ue
 def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, like: torch.Tensor) -> None:
     """Scale factors of the right dtype and shape on `like`'s device; any strides."""
     dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
-    if not (isinstance(sf, torch.Tensor) and sf.dtype == dtype and sf.shape == (num_tokens, cols)
-            and sf.get_device() == like.get_device()):
+    if not (
+        isinstance(sf, torch.Tensor)
+        and sf.dtype == dtype
+        and sf.shape == (num_tokens, cols)
+        and sf.get_device() == like.get_device()
+    ):
         _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
 
 

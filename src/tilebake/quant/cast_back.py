@@ -66,6 +66,8 @@ def _key_of(fmt, x_block_size, x_special_fmt) -> int:
     except TypeError:  # an unhashable x_block_size (a list) is valid, just not cached
         pass
     return num_per_channels
+
+
 _KERNELS = KernelTable(
     CastBackVariant, ("X", "S", "Y", "num_tokens", "hidden", "x_stride", "sf_stride_t", "sf_stride_g")
 )

@@ -78,6 +78,8 @@ def _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast):
     if use_e4m3_sf:
         raise NotImplementedError("use_e4m3_sf=True is not built yet; use fp32 or UE8M0 scale factors")
     raise NotImplementedError("stochastic_cast=True is not built yet")
+
+
 _KERNELS = KernelTable(
     PerTokenCastVariant,
     ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g"),
@@ -140,8 +142,14 @@ def per_token_cast(
     if not x.is_cuda:
         from tilebake.torch import cast
 
-        ref_data, ref_sf = cast(x, "e4m3", (1, num_per_channels), round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
-                                amax_clamp=config.get_amax_clamp_for_quant("e4m3", False))
+        ref_data, ref_sf = cast(
+            x,
+            "e4m3",
+            (1, num_per_channels),
+            round_sf=round_sf,
+            use_packed_ue8m0=use_packed_ue8m0,
+            amax_clamp=config.get_amax_clamp_for_quant("e4m3", False),
+        )
         data.copy_(ref_data)
         sf.copy_(ref_sf)
         return data, sf
@@ -173,13 +181,21 @@ _lib.define(
 
 
 def _op_impl(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
-    data, sf = per_token_cast(x, "e4m3", num_per_channels, use_tma_aligned_col_major_sf=col_major_sf,
-                              round_sf=round_sf, use_packed_ue8m0=packed_ue8m0)
+    data, sf = per_token_cast(
+        x,
+        "e4m3",
+        num_per_channels,
+        use_tma_aligned_col_major_sf=col_major_sf,
+        round_sf=round_sf,
+        use_packed_ue8m0=packed_ue8m0,
+    )
     return data, sf
 
 
 def _op_out_impl(x, num_per_channels, round_sf, packed_ue8m0, out_data, out_sf):
-    per_token_cast(x, "e4m3", num_per_channels, round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf))
+    per_token_cast(
+        x, "e4m3", num_per_channels, round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf)
+    )
 
 
 for _key in ("CPU", "CUDA"):

@@ -60,9 +60,9 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 _DEFAULT_AMAX_CLAMP = {
     ("e4m3", False): 1e-4,
-    ("e4m3", True): 448.0 * 2.0 ** -9,
-    ("e2m1", False): 6.0 * 2.0 ** -126,
-    ("e2m1", True): 6.0 * 2.0 ** -9,
+    ("e4m3", True): 448.0 * 2.0**-9,
+    ("e2m1", False): 6.0 * 2.0**-126,
+    ("e2m1", True): 6.0 * 2.0**-9,
 }
 
 _E4M3 = torch.float8_e4m3fn
@@ -72,6 +72,7 @@ _SF_INPUT_DTYPES = (torch.float32, torch.int32, torch.float8_e4m3fn)
 # ---------------------------------------------------------------------------------------------
 # Argument validation
 # ---------------------------------------------------------------------------------------------
+
 
 def _check_fmt(fmt, name: str = "fmt") -> str:
     if not isinstance(fmt, str):
@@ -129,6 +130,7 @@ def _ceil_div(a: int, b: int) -> int:
 # Element encodings
 # ---------------------------------------------------------------------------------------------
 
+
 def e4m3_encode(q: torch.Tensor) -> torch.Tensor:
     """fp32 ``q`` -> float8_e4m3fn: ``clamp(q, -448, 448)`` then round-to-nearest-even."""
     return q.float().clamp(-448.0, 448.0).to(_E4M3)
@@ -157,8 +159,7 @@ def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
 def e2m1_decode(codes: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """e2m1 codes (any integer dtype, only the low 4 bits are used) -> values."""
     c = codes.to(torch.int64) & 0xF
-    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES),
-                         dtype=torch.float32, device=codes.device)
+    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=torch.float32, device=codes.device)
     return table[c].to(out_dtype)
 
 
@@ -207,6 +208,7 @@ def _encode_data(q: torch.Tensor, fmt: str) -> torch.Tensor:
 # Scale factors
 # ---------------------------------------------------------------------------------------------
 
+
 def _pow2_from_biased(biased: torch.Tensor) -> torch.Tensor:
     """int32 biased exponents -> fp32 ``2^(biased - 127)`` via the bits (0 -> 0.0, 255 -> inf)."""
     return (biased.clamp(0, 255).to(torch.int32) << 23).view(torch.float32)
@@ -221,8 +223,9 @@ def round_sf_exponent(s: torch.Tensor) -> torch.Tensor:
     return ((bits - 1) >> 23) + 1 - 127
 
 
-def compute_sf_and_inv(c: torch.Tensor, fmt: str, *, round_sf: bool = False,
-                       use_e4m3_sf: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+def compute_sf_and_inv(
+    c: torch.Tensor, fmt: str, *, round_sf: bool = False, use_e4m3_sf: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Scale from the clamped block amax ``c`` (fp32), numerics.md step 2.
 
     Returns ``(stored_sf, inv)``; ``stored_sf`` is fp32 (plain), float8_e4m3fn (``use_e4m3_sf``) or
@@ -267,7 +270,7 @@ def pack_ue8m0(b: torch.Tensor, along_m: bool = False) -> torch.Tensor:
     padded[:, :C] = b.to(torch.int64) & 0xFF
     p = padded.view(R, W, 4)
     word = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
-    word = torch.where(word >= 2 ** 31, word - 2 ** 32, word)
+    word = torch.where(word >= 2**31, word - 2**32, word)
     return word.to(torch.int32)
 
 
@@ -313,12 +316,15 @@ def _decode_input_sf(sf: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torc
         along_m = bk == 1
         expected = (_ceil_div(Tb, 4), Kb) if along_m else (Tb, _ceil_div(Kb, 4))
         if tuple(sf.shape) != expected:
-            raise ValueError(f"x[1] (packed UE8M0 SF) must have shape {expected} for T={T}, H={H}, "
-                             f"x_block_size={(bm, bk)}, got {tuple(sf.shape)}")
+            raise ValueError(
+                f"x[1] (packed UE8M0 SF) must have shape {expected} for T={T}, H={H}, "
+                f"x_block_size={(bm, bk)}, got {tuple(sf.shape)}"
+            )
         return ue8m0_to_fp32(unpack_ue8m0(sf, Tb if along_m else Kb, along_m=along_m))
     if tuple(sf.shape) != (Tb, Kb):
-        raise ValueError(f"x[1] (the SF) must have shape {(Tb, Kb)} for T={T}, H={H}, "
-                         f"x_block_size={(bm, bk)}, got {tuple(sf.shape)}")
+        raise ValueError(
+            f"x[1] (the SF) must have shape {(Tb, Kb)} for T={T}, H={H}, x_block_size={(bm, bk)}, got {tuple(sf.shape)}"
+        )
     return sf.float()
 
 
@@ -347,6 +353,7 @@ def _block_amax(x: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
 # Input parsing
 # ---------------------------------------------------------------------------------------------
 
+
 class _Input:
     """A parsed cast input: the fp32 values and, for a QuantTensor, its data and expanded SF."""
 
@@ -363,8 +370,10 @@ class _Input:
 def _parse_input(x, x_block_size) -> _Input:
     if isinstance(x, torch.Tensor):
         if x_block_size is not None:
-            raise ValueError("x_block_size must be None when x is a plain tensor "
-                             f"(it describes the SF blocks of a QuantTensor input), got {x_block_size!r}")
+            raise ValueError(
+                "x_block_size must be None when x is a plain tensor "
+                f"(it describes the SF blocks of a QuantTensor input), got {x_block_size!r}"
+            )
         if x.dim() != 2:
             raise ValueError(f"x must be a 2-D (T, H) tensor, got shape {tuple(x.shape)}")
         if x.dtype not in (torch.bfloat16, torch.float32):
@@ -398,6 +407,7 @@ def _parse_input(x, x_block_size) -> _Input:
 # Public references
 # ---------------------------------------------------------------------------------------------
 
+
 def _layout_sf(stored: torch.Tensor, bk: int, packed: bool, col_major: bool) -> torch.Tensor:
     if packed:
         stored = pack_ue8m0(stored, along_m=(bk == 1))
@@ -408,10 +418,18 @@ def _layout_sf(stored: torch.Tensor, bk: int, packed: bool, col_major: bool) -> 
     return stored.contiguous()
 
 
-def cast(x: Union[torch.Tensor, QuantTensor], fmt: str, block_size: Sequence[int],
-         x_block_size: Optional[Sequence[int]] = None, *, round_sf: bool = False,
-         use_packed_ue8m0: bool = False, use_tma_aligned_col_major_sf: bool = False,
-         use_e4m3_sf: bool = False, amax_clamp: Optional[float] = None) -> QuantTensor:
+def cast(
+    x: Union[torch.Tensor, QuantTensor],
+    fmt: str,
+    block_size: Sequence[int],
+    x_block_size: Optional[Sequence[int]] = None,
+    *,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_tma_aligned_col_major_sf: bool = False,
+    use_e4m3_sf: bool = False,
+    amax_clamp: Optional[float] = None,
+) -> QuantTensor:
     """Cast a 2-D tensor to FP8/FP4 with 2-D block-shared scale factors (MX-style with ``round_sf``).
 
     Args:
@@ -452,7 +470,7 @@ def cast(x: Union[torch.Tensor, QuantTensor], fmt: str, block_size: Sequence[int
     stored, inv = compute_sf_and_inv(c, fmt, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf)
     inv_full = _expand_blocks(inv, bm, bk, T, H)
     if src.quantized and bk != 1:
-        q = src.data * (src.sf * inv_full)   # scales multiplied first
+        q = src.data * (src.sf * inv_full)  # scales multiplied first
     else:
         q = src.x * inv_full
     data = _encode_data(q, fmt)
@@ -460,8 +478,7 @@ def cast(x: Union[torch.Tensor, QuantTensor], fmt: str, block_size: Sequence[int
     return data, sf
 
 
-def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int],
-                             sf: torch.Tensor) -> torch.Tensor:
+def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int], sf: torch.Tensor) -> torch.Tensor:
     """Quantise ``x`` with a given fp32 row-major SF: ``q = x_fp32 * (1 / sf)`` (reciprocal first)."""
     fmt = _check_fmt(fmt)
     bm, bk = _check_block(block_size, "block_size")
@@ -473,15 +490,17 @@ def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int
         raise TypeError(f"sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
     Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
     if tuple(sf.shape) != (Tb, Kb):
-        raise ValueError(f"sf must have shape {(Tb, Kb)} for T={T}, H={H}, block_size={(bm, bk)}, "
-                         f"got {tuple(sf.shape)}")
+        raise ValueError(
+            f"sf must have shape {(Tb, Kb)} for T={T}, H={H}, block_size={(bm, bk)}, got {tuple(sf.shape)}"
+        )
     inv = torch.ones_like(sf) / sf
     q = src.x * _expand_blocks(inv, bm, bk, T, H)
     return _encode_data(q, fmt)
 
 
-def cast_back(x: QuantTensor, fmt: str, x_block_size: Sequence[int],
-              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def cast_back(
+    x: QuantTensor, fmt: str, x_block_size: Sequence[int], out_dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """Dequantise ``(data, sf)``: ``y = data_fp32 * sf_fp32`` per element, then to ``out_dtype``.
 
     ``sf`` may be fp32, packed UE8M0 int32 (byte b -> 2^(b-127)) or e4m3 (widened), row-major or
