@@ -1,0 +1,135 @@
+"""Command line: `python -m tilebake list` and `python -m tilebake doctor [--require OPS]`.
+
+Both work offline and compile nothing. `doctor` says which backend this machine has,
+which archs its devices are and whether the installed binaries cover them, verifies every
+binary against the manifest's sha256, and on a GPU smoke-runs every op against its
+reference. `--require per_token_cast,cast_back` exits 1 unless those ops can run on every
+GPU here (for cluster health checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import sys
+
+import torch
+
+import tilebake
+from tilebake._runtime import loader
+
+
+def _ops_by_arch() -> dict[str, dict[str, set[str]]]:
+    """op -> arch -> the variant ids built for it."""
+    ops: dict[str, dict[str, set[str]]] = {}
+    for vid, per_arch in loader.manifest()["kernels"].items():
+        for arch, entry in per_arch.items():
+            ops.setdefault(entry["op"], {}).setdefault(arch, set()).add(vid)
+    return ops
+
+
+def cmd_list(args) -> int:
+    manifest = loader.manifest()
+    print(
+        f"tilebake {tilebake.__version__}: {len(manifest['kernels'])} variants, built with tilelang "
+        f"{manifest['tilelang_version']}, nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}"
+    )
+    for vid, per_arch in sorted(manifest["kernels"].items()):
+        print(f"{vid}  [{', '.join(sorted(per_arch))}]")
+    return 0
+
+
+def _driver_version() -> str:
+    try:
+        version = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except OSError:
+        pass
+    return "not found"
+
+
+def _verify_artifacts() -> list[str]:
+    problems = []
+    for per_arch in loader.manifest()["kernels"].values():
+        for entry in per_arch.values():
+            path = loader.KERNEL_DIR / entry["binary"]
+            try:
+                if hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
+                    problems.append(f"{path}: sha256 mismatch")
+            except OSError as e:
+                problems.append(f"{path}: {e}")
+    return problems
+
+
+def _smoke_run(device: int) -> list[str]:
+    """Every op once on `device`, bytes compared with the reference."""
+    failures = []
+    with torch.cuda.device(device):
+        x = torch.randn(67, 4096, device="cuda").to(torch.bfloat16)
+        data, sf = tilebake.quant.per_token_cast(x, "e4m3", 128)
+        ref = tilebake.torch.cast(x, "e4m3", (1, 128))
+        if not (torch.equal(data.view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(sf, ref[1])):
+            failures.append("per_token_cast")
+        y = tilebake.quant.cast_back((data, sf), "bf16", (1, 128))
+        if not torch.equal(y, tilebake.torch.cast_back(ref, "e4m3", (1, 128))):
+            failures.append("cast_back")
+        torch.cuda.synchronize()
+    return failures
+
+
+def cmd_doctor(args) -> int:
+    manifest = loader.manifest()
+    ops = _ops_by_arch()
+    required = [op for op in (args.require or "").split(",") if op]
+    unknown = [op for op in required if op not in ops]
+    if unknown:
+        print(f"--require: unknown ops {unknown}; this wheel has {sorted(ops)}")
+        return 2
+    print(f"tilebake {tilebake.__version__} at {loader.KERNEL_DIR.parent}")
+    print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {_driver_version()}")
+    print(f"binaries: {', '.join(manifest['backends']['cuda']['archs'])}; tilelang {manifest['tilelang_version']}, "
+          f"nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}")  # fmt: skip
+    problems = _verify_artifacts()
+    count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
+    print(f"artifacts: {count} binaries, " + ("all match their sha256" if not problems else f"{len(problems)} bad:"))
+    for problem in problems:
+        print(f"  {problem}")
+
+    uncovered = set(required)
+    if not torch.cuda.is_available():
+        print("backend: none (no CUDA device); every op runs on its pure-torch reference on CPU tensors")
+    else:
+        print("backend: cuda")
+        uncovered = set()
+        for device in range(torch.cuda.device_count()):
+            arch = loader.device_arch(device)
+            missing = sorted(op for op in ops if arch not in ops[op])
+            uncovered |= set(missing) & set(required)
+            covered = "all ops covered" if not missing else f"no binary for {missing}"
+            print(f"  cuda:{device} {torch.cuda.get_device_name(device)}: {arch}, {covered}")
+            if not missing and not problems:
+                failures = _smoke_run(device)
+                print("    smoke run: " + ("every op matches its reference" if not failures else f"FAILED {failures}"))
+                problems += [f"cuda:{device} smoke run {op}" for op in failures]
+                uncovered |= set(failures) & set(required)
+    if required:
+        print(f"--require {','.join(required)}: " + ("ok" if not uncovered else f"NOT covered: {sorted(uncovered)}"))
+    return 1 if problems or uncovered else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tilebake", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="print the compiled variants").set_defaults(fn=cmd_list)
+    doctor = sub.add_parser("doctor", help="check this machine against the installed binaries")
+    doctor.add_argument("--require", metavar="OPS", help="comma-separated ops that must run on every GPU here")
+    doctor.set_defaults(fn=cmd_doctor)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

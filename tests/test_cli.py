@@ -1,0 +1,40 @@
+"""`python -m tilebake list` and `doctor`, as a user runs them (a subprocess, offline)."""
+
+import subprocess
+import sys
+
+import torch
+
+from tilebake._registry import all_variants
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "tilebake", *args], capture_output=True, text=True)
+
+
+def test_list_prints_every_variant_with_its_archs():
+    result = run("list")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"{len(all_variants())} variants" in lines[0]
+    assert sorted(line.split()[0] for line in lines[1:]) == sorted(v.id for v in all_variants())
+    assert all(line.endswith("[sm_100a, sm_90a]") for line in lines[1:])
+
+
+def test_doctor_verifies_artifacts_and_reports_backend():
+    result = run("doctor")
+    assert "all match their sha256" in result.stdout, result.stdout
+    if torch.cuda.is_available():
+        assert result.returncode == 0 and "every op matches its reference" in result.stdout, result.stdout
+    else:
+        assert result.returncode == 0 and "backend: none" in result.stdout, result.stdout
+
+
+def test_doctor_require():
+    result = run("doctor", "--require", "nonexistent_op")
+    assert result.returncode == 2 and "unknown ops ['nonexistent_op']" in result.stdout
+    result = run("doctor", "--require", "per_token_cast,cast_back")
+    if torch.cuda.is_available():
+        assert result.returncode == 0 and "--require per_token_cast,cast_back: ok" in result.stdout, result.stdout
+    else:  # no GPU here: the ops cannot run on one
+        assert result.returncode == 1 and "NOT covered: ['cast_back', 'per_token_cast']" in result.stdout
