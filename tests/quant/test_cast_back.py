@@ -58,6 +58,11 @@ def test_cpu_path_matches_reference(layout):
 
 BAD_CALLS = [
     (dict(fmt="e4m3"), ValueError, "fmt must be one of"),
+    (
+        dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn, device="meta"), torch.ones(4, 1, device="meta"))),
+        ValueError,
+        "x\\[0\\] must be on a CUDA device or the CPU",
+    ),
     (dict(x_block_size=(128, 128)), NotImplementedError, "x_block_size must be \\(1, num_per_channels\\)"),
     (dict(x_block_size=(1, 100)), ValueError, "num_per_channels must be one of"),
     (dict(x_block_size=5), ValueError, "x_block_size must be a pair"),

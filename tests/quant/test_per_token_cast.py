@@ -85,6 +85,16 @@ BAD_CALLS = [
         ValueError,
         "row stride must be a multiple of 16 bytes",
     ),
+    (
+        dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")),
+        ValueError,
+        "x must be on a CUDA device or the CPU",
+    ),
+    (
+        dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn, device="meta"), torch.empty(4, 1))),
+        ValueError,
+        "out\\[0\\] must be on a CUDA device or the CPU",
+    ),
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
