@@ -48,7 +48,9 @@ def test_launch_metadata_is_complete(manifest):
             assert "num_tokens" in names and "num_tokens" in entry["grid"][0], entry["grid"]
             assert isinstance(entry["dynamic_smem"], int) and entry["tma_descriptors"] == []
             # The loader accepts every expression it will evaluate on a GPU.
-            assert all(loader.launch_expr_error(e, names) is None for e in entry["grid"] + entry["block"]), entry["grid"]
+            assert all(loader.launch_expr_error(e, names) is None for e in entry["grid"] + entry["block"]), entry[
+                "grid"
+            ]
 
 
 def _cuobjdump():
