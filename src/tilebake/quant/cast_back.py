@@ -103,14 +103,13 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.cast_back(data, sf, fmt, num_per_channels)
 
-    # Allocate.
-    out = data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
-
-    # Launch (or run the reference on CPU).
-    if not data.is_cuda:
+    if not data.is_cuda:  # the slow path: the reference allocates its own (contiguous) output
         from tilebake.torch import cast_back as reference
 
-        return out.copy_(reference((data, sf), "e4m3", (1, num_per_channels), out_dtype=out.dtype))
+        return reference((data, sf), "e4m3", (1, num_per_channels), out_dtype=_OUT_DTYPES[fmt]).contiguous()
+
+    # Allocate, then launch.
+    out = data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
     if num_tokens == 0:
         return out
     data_ptr = data.data_ptr()

@@ -72,6 +72,12 @@ def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> tuple:
     return key
 
 
+def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0) -> None:
+    data, sf = out
+    check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
+    check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
+
+
 def _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast):
     if x_block_size is not None:
         raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
@@ -129,35 +135,38 @@ def per_token_cast(
     if torch.compiler.is_compiling():
         return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
 
-    # Allocate.
-    if out is None:
-        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-        sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf)
-    else:
-        data, sf = out
-        check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
-        check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
-
-    # Launch (or run the reference on CPU).
-    if not x.is_cuda:
+    if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         from tilebake.torch import cast
 
-        ref_data, ref_sf = cast(
+        result = cast(
             x,
             "e4m3",
             (1, num_per_channels),
             round_sf=round_sf,
             use_packed_ue8m0=use_packed_ue8m0,
+            use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
             amax_clamp=config.get_amax_clamp_for_quant("e4m3", False),
         )
-        data.copy_(ref_data)
-        sf.copy_(ref_sf)
-        return data, sf
+        if out is None:
+            return result
+        _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+        out[0].copy_(result[0])
+        out[1].copy_(result[1])
+        return out
+
+    # Allocate, then launch.
+    if out is None:
+        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+        sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    else:
+        _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0)
+        data, sf = out
     if num_tokens == 0:
         return data, sf
     x_ptr, data_ptr = x.data_ptr(), data.data_ptr()
     if (x_ptr | data_ptr) % 16:
-        check_aligned(x_ptr, "x"), check_aligned(data_ptr, "out[0]")
+        check_aligned(x_ptr, "x")
+        check_aligned(data_ptr, "out[0]")
     sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
     _KERNELS[key](
         x.get_device(),
