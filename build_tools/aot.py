@@ -31,14 +31,20 @@ PARAM_KINDS = {"handle": "p", "int32": "i", "int64": "l", "float32": "f"}
 LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
-def variants_by_id():
+def variants_by_id(ops: str = ""):
+    """Every declared variant, or (a developer's partial build) those of the comma-separated `ops`."""
     from tilebake._registry import all_variants
 
-    return {v.id: v for v in all_variants()}
+    wanted = {op for op in ops.split(",") if op}
+    variants = [v for v in all_variants() if not wanted or v.op in wanted]
+    unknown = wanted - {v.op for v in variants}
+    if unknown:
+        raise SystemExit(f"aot: TILEBAKE_OPS names unknown ops {sorted(unknown)}")
+    return {v.id: v for v in variants}
 
 
 def cmd_list(args):
-    for vid, v in variants_by_id().items():
+    for vid, v in variants_by_id(args.ops).items():
         print(f"{vid}|kernels_tl/{v.family}/{v.op}.py")
 
 
@@ -138,7 +144,7 @@ def cmd_manifest(args):
 
     out = Path(args.out)
     kernels = {}
-    for vid in variants_by_id():
+    for vid in variants_by_id(args.ops):
         for arch in args.arch:
             meta = json.loads((out / arch / f"{vid}.json").read_text())
             cubin = out / arch / f"{vid}.cubin"
@@ -155,6 +161,7 @@ def cmd_manifest(args):
         "nvcc_flags": args.nvcc_flags.replace(os.path.dirname(tilelang.__file__), "<tilelang>"),
         "source_sha256": source_fingerprint(),
         "git_commit": git.stdout.strip() if git.returncode == 0 else "unknown",
+        "partial_build_ops": sorted(filter(None, args.ops.split(","))) or None,
         "kernels": kernels,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -164,7 +171,9 @@ def cmd_manifest(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list").set_defaults(fn=cmd_list)
+    p = sub.add_parser("list")
+    p.add_argument("--ops", default="", help="comma-separated ops (a partial build); empty: all")
+    p.set_defaults(fn=cmd_list)
     p = sub.add_parser("lower")
     p.add_argument("id")
     p.add_argument("--out", required=True)
@@ -175,6 +184,7 @@ def main():
     p.add_argument("--arch", action="append", required=True)
     p.add_argument("--nvcc", default="nvcc")
     p.add_argument("--nvcc-flags", default="")
+    p.add_argument("--ops", default="", help="as for list")
     p.set_defaults(fn=cmd_manifest)
     args = parser.parse_args()
     args.fn(args)

@@ -20,6 +20,7 @@ def manifest():
 
 
 def test_manifest_holds_exactly_the_declared_variants(manifest):
+    assert manifest.get("partial_build_ops") is None, "a developer's partial build (TILEBAKE_OPS); rebuild all"
     assert set(manifest["kernels"]) == {v.id for v in all_variants()}
     assert manifest["backends"]["cuda"]["archs"] == list(ARCHS)
     assert manifest["tilelang_version"] == "0.1.15"
@@ -44,8 +45,9 @@ def test_launch_metadata_is_complete(manifest):
             names = [p["name"] for p in entry["params"]]
             assert len(names) == len(set(names)) and all(p["kind"] in "pilf" for p in entry["params"]), vid
             assert len(entry["grid"]) == 3 and len(entry["block"]) == 3
-            # Runtime dims stay runtime: the token count is a parameter and drives the grid.
-            assert "num_tokens" in names and "num_tokens" in entry["grid"][0], entry["grid"]
+            # Runtime dims stay runtime: the grid is a function of the kernel's parameters
+            # (the token count, or the SM count of a persistent kernel), never a baked size.
+            assert any(name in " ".join(entry["grid"]) for name in names), (vid, entry["grid"])
             assert isinstance(entry["dynamic_smem"], int) and entry["tma_descriptors"] == []
             # The loader accepts every expression it will evaluate on a GPU.
             assert all(loader.launch_expr_error(e, names) is None for e in entry["grid"] + entry["block"]), entry[
