@@ -3,10 +3,12 @@
 CMake calls it in three roles (see CMakeLists.txt):
 
   aot.py list                         variant ids and their kernel sources, one per line
-  aot.py lower ID --out DIR --arch A  lower one variant for each arch A: DIR/A/ID.cu + DIR/A/ID.json
+  aot.py lower ID... --out DIR --arch A
+                                      lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json
   aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json
 
-nvcc runs between `lower` and `manifest`, one command per (variant, arch), so ninja
+CMake lowers all variants of one op in one process (importing tilelang costs twice as much
+as lowering a kernel). nvcc runs between `lower` and `manifest`, one command per (variant, arch), so ninja
 parallelises and a rebuild redoes only what changed. Everything the runtime loader
 needs is read from the lowered IR here (../shared/notes/tilelang_aot.md), never assumed.
 """
@@ -114,11 +116,15 @@ def lower_one(v, arch: str, out_dir: Path, build_kwargs=None, stem=None):
 
 def cmd_lower(args):
     os.environ.setdefault("TILELANG_CACHE_DIR", str(Path(args.out) / ".tilelang_cache"))  # hermetic build
-    v = variants_by_id()[args.id]
+    known = variants_by_id()
+    for vid in args.ids:
+        if vid not in known:
+            raise SystemExit(f"aot: unknown variant {vid!r}; `aot.py list` prints them")
     start = time.time()
-    for arch in args.arch:
-        lower_one(v, arch, Path(args.out))
-    print(f"aot: lowered {v.id} for {', '.join(args.arch)} in {time.time() - start:.1f}s")
+    for vid in args.ids:
+        for arch in args.arch:
+            lower_one(known[vid], arch, Path(args.out))
+    print(f"aot: lowered {len(args.ids)} variant(s) for {', '.join(args.arch)} in {time.time() - start:.1f}s")
 
 
 def nvcc_version(nvcc: str) -> str:
@@ -175,7 +181,7 @@ def main():
     p.add_argument("--ops", default="", help="comma-separated ops (a partial build); empty: all")
     p.set_defaults(fn=cmd_list)
     p = sub.add_parser("lower")
-    p.add_argument("id")
+    p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("--out", required=True)
     p.add_argument("--arch", action="append", required=True)
     p.set_defaults(fn=cmd_lower)
