@@ -240,7 +240,7 @@ def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int,
         isinstance(sf, torch.Tensor)
         and sf.dtype == dtype
         and sf.shape == (num_tokens, cols)
-        and sf.get_device() == like.get_device()
+        and sf.device == like.device  # not get_device(): it is -1 on the CPU and on meta alike
     ):
         _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
 
@@ -256,7 +256,7 @@ def _check_data_out(t, name: str, num_tokens: int, hidden: int, fmt: str, like) 
     else:
         if not (isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.shape == (num_tokens, hidden // 2)):
             _explain_tensor(t, name, (num_tokens, hidden // 2), torch.int8, like)
-        if t.get_device() != like.get_device():
+        if t.device != like.device:
             _explain_tensor(t, name, (num_tokens, hidden // 2), torch.int8, like)
         check_packed_rows(t, name)
 
@@ -265,6 +265,14 @@ def _alloc_data(like, num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
     if fmt == "e4m3":
         return like.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
     return like.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
+
+
+def _parse_plain_x(x, op: str):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{op}: x must be a bfloat16 or float32 torch.Tensor (no QuantTensor input), got {type(x).__name__}"
+        )
+    return _parse_x(x, None)
 
 
 def _parse_x(x, x_block_size):
@@ -419,7 +427,7 @@ def per_token_cast_with_sf_only(
     check_fmt(fmt, FMTS)
     check_num_per_channels(num_per_channels)
     _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_x(x, None)
+    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_sf_only")
     num_groups = ceil_div(hidden, num_per_channels)
     sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
     if out_sf is not None:
@@ -475,7 +483,7 @@ def per_token_cast_with_precomputed_sf(
             "per_token_cast_with_precomputed_sf needs a row-major, non-packed fp32 sf: "
             "use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False"
         )
-    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_x(x, None)
+    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_precomputed_sf")
     num_groups = ceil_div(hidden, num_per_channels)
     _check_any_sf(sf, "sf", num_tokens, num_groups, _SF_PLAIN, data_in)
     if num_groups > 1 and num_tokens > 0 and sf.stride(1) != 1:
