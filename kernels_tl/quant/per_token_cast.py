@@ -19,7 +19,15 @@ import dataclasses
 import tilelang.language as T
 
 from kernels_tl.quant.common import e2m1_code, e2m1_value, per_token_sf_buffer
-from tilebake.quant.per_token_cast import PerTokenCastVariant
+from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf_kind, shared with the host
+    SF_E4M3,
+    SF_PLAIN,
+    SF_PRECOMPUTED,
+    SF_ROUND,
+    X_SF_FP32,
+    X_SF_UE8M0,
+    PerTokenCastVariant,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +149,6 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                         Y[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j] = ys[j]
 
     return per_token_cast_kernel
-
-
-# Runtime codes of build_runtime_sf's scalar arguments (the host passes the same numbers).
-SF_PLAIN, SF_ROUND, SF_UE8M0, SF_E4M3, SF_PRECOMPUTED = 0, 1, 2, 3, 4  # sf_mode
-X_SF_FP32, X_SF_UE8M0, X_SF_E4M3 = 0, 1, 2  # x_sf_kind: how a quantized input's SF is stored
 
 
 def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):

@@ -198,8 +198,9 @@ def per_token_cast(
 # One kernel per (input, fmt, npc) takes the SF mode and the input SF's storage as arguments
 # (kernels_tl/quant/per_token_cast.py build_runtime_sf; the codes below are its constants).
 
-_SF_PLAIN, _SF_ROUND, _SF_UE8M0, _SF_E4M3, _SF_PRECOMPUTED = 0, 1, 2, 3, 4
-_X_SF_KINDS = {torch.float32: 0, torch.int32: 1, torch.float8_e4m3fn: 2}  # a quantized input's SF storage
+SF_PLAIN, SF_ROUND, SF_UE8M0, SF_E4M3, SF_PRECOMPUTED = 0, 1, 2, 3, 4  # the kernel's sf_mode argument
+X_SF_FP32, X_SF_UE8M0, X_SF_E4M3 = 0, 1, 2  # its x_sf_kind: how a quantized input's SF is stored
+_X_SF_KINDS = {torch.float32: X_SF_FP32, torch.int32: X_SF_UE8M0, torch.float8_e4m3fn: X_SF_E4M3}
 _RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data",
                  "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
 _QUANTIZED_ARGS = ("XS", "XSB", "XSE", "x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
@@ -215,19 +216,19 @@ def _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf) -> None:
 
 def _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf) -> int:
     if use_e4m3_sf:
-        return _SF_E4M3
-    return _SF_UE8M0 if use_packed_ue8m0 else _SF_ROUND if round_sf else _SF_PLAIN
+        return SF_E4M3
+    return SF_UE8M0 if use_packed_ue8m0 else SF_ROUND if round_sf else SF_PLAIN
 
 
 def _sf_dtype_and_cols(num_groups: int, sf_mode: int) -> tuple[torch.dtype, int]:
-    if sf_mode == _SF_E4M3:
+    if sf_mode == SF_E4M3:
         return torch.float8_e4m3fn, num_groups
-    return sf_layout(num_groups, sf_mode == _SF_UE8M0)
+    return sf_layout(num_groups, sf_mode == SF_UE8M0)
 
 
 def _alloc_any_sf(like, num_tokens: int, num_groups: int, sf_mode: int, col_major: bool) -> torch.Tensor:
-    if sf_mode != _SF_E4M3:
-        return alloc_sf(like, num_tokens, num_groups, sf_mode == _SF_UE8M0, col_major)
+    if sf_mode != SF_E4M3:
+        return alloc_sf(like, num_tokens, num_groups, sf_mode == SF_UE8M0, col_major)
     if col_major:  # the token dim padded to 16 bytes = 16 e4m3 scales
         padded = align(num_tokens, 16)
         return like.new_empty_strided((padded, num_groups), (1, padded), dtype=torch.float8_e4m3fn)[:num_tokens]
@@ -247,17 +248,16 @@ def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int,
 
 def _sf_strides(sf: torch.Tensor, sf_mode: int) -> tuple[int, int]:
     """Kernels address fp32 SF in elements, packed UE8M0 and e4m3 SF in bytes."""
-    return sf_strides_for_kernel(sf, sf_mode == _SF_UE8M0)
+    return sf_strides_for_kernel(sf, sf_mode == SF_UE8M0)
 
 
 def _check_data_out(t, name: str, num_tokens: int, hidden: int, fmt: str, like) -> None:
     if fmt == "e4m3":
         check_out_data(t, name, (num_tokens, hidden), torch.float8_e4m3fn, like)
     else:
-        if not (isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.shape == (num_tokens, hidden // 2)):
-            _explain_tensor(t, name, (num_tokens, hidden // 2), torch.int8, like)
-        if t.device != like.device:
-            _explain_tensor(t, name, (num_tokens, hidden // 2), torch.int8, like)
+        shape = (num_tokens, hidden // 2)
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.shape == shape and t.device == like.device):
+            _explain_tensor(t, name, shape, torch.int8, like)
         check_packed_rows(t, name)
 
 
@@ -320,12 +320,12 @@ def _parse_x(x, x_block_size):
     if kind is None:
         raise TypeError(f"x[1] (the SF) must be float32, int32 (packed UE8M0) or float8_e4m3fn, got {x_sf.dtype}")
     sf_rows, sf_cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
-    if kind == 1:
+    if kind == X_SF_UE8M0:
         sf_cols = ceil_div(sf_cols, 4)
     if x_sf.shape != (sf_rows, sf_cols):
         raise ValueError(
             f"x[1] (the SF) must have shape {(sf_rows, sf_cols)} for T={num_tokens}, H={hidden}, "
-            f"x_block_size={tuple(x_block_size)}{' (packed 4 to an int32)' if kind == 1 else ''}, "
+            f"x_block_size={tuple(x_block_size)}{' (packed 4 to an int32)' if kind == X_SF_UE8M0 else ''}, "
             f"got {tuple(x_sf.shape)}"
         )
     if x_sf.device != data.device:
@@ -405,7 +405,7 @@ def _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_
         return
     kind = _X_SF_KINDS[x_sf.dtype]
     x_sf_ptr = x_sf.data_ptr()
-    x_sf_stride_t, x_sf_stride_g = sf_strides_for_kernel(x_sf, kind == 1)
+    x_sf_stride_t, x_sf_stride_g = sf_strides_for_kernel(x_sf, kind == X_SF_UE8M0)
     _QUANTIZED_KERNELS[key](
         data_in.get_device(),
         *args, x_sf_ptr, x_sf_ptr, x_sf_ptr, kind, block[0], block[1], x_sf_stride_t, x_sf_stride_g,
@@ -485,7 +485,7 @@ def per_token_cast_with_precomputed_sf(
         )
     data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_precomputed_sf")
     num_groups = ceil_div(hidden, num_per_channels)
-    _check_any_sf(sf, "sf", num_tokens, num_groups, _SF_PLAIN, data_in)
+    _check_any_sf(sf, "sf", num_tokens, num_groups, SF_PLAIN, data_in)
     if num_groups > 1 and num_tokens > 0 and sf.stride(1) != 1:
         raise ValueError(f"sf must be row-major (stride(1) == 1), got strides {sf.stride()}")
     if out is not None:
@@ -497,7 +497,7 @@ def per_token_cast_with_precomputed_sf(
         return data if out is None else out.copy_(data)
     data = _alloc_data(data_in, num_tokens, hidden, fmt) if out is None else out
     if num_tokens:
-        _launch(data_in, in_dtype, None, None, fmt, num_per_channels, data, sf, _SF_PRECOMPUTED, 0.0, 1, hidden)
+        _launch(data_in, in_dtype, None, None, fmt, num_per_channels, data, sf, SF_PRECOMPUTED, 0.0, 1, hidden)
     return data
 
 
