@@ -619,3 +619,14 @@ def test_gpu_e2m1_nan_inf_codes():
     data, sf = tilebake.quant.per_token_cast(x, "e2m1", 32)
     assert_bytes_equal(data, expected[0], "data")
     assert_bytes_equal(sf, expected[1], "sf")
+
+
+def test_variant_set():
+    """The hot path keeps one binary per SF mode; everything else shares 32 runtime-SF kernels
+    (the budget for per_token_cast + _with_sf_only + _with_precomputed_sf is 96)."""
+    from tilebake.quant.per_token_cast import PerTokenCastVariant
+
+    ids = {v.id for v in PerTokenCastVariant.all()}
+    assert len(ids) == 56
+    assert "per_token_cast.in_dtype-bf16.fmt-e4m3.num_per_channels-128.sf_mode-fp32" in ids
+    assert sum(v.sf_mode == "runtime" for v in PerTokenCastVariant.all()) == 32
