@@ -66,3 +66,29 @@ CASES = {
     "per_token_cast": [per_token_cast_case, per_token_cast_packed_case],
     "cast_back": [cast_back_case],
 }
+
+
+def per_token_cast_nvfp4_case(num_tokens, hidden):
+    """bf16 -> e2m1 (packed int8), 1x16 blocks with e4m3 SF: the NVFP4-like layout."""
+    case = per_token_cast_case(num_tokens, hidden)
+    case.update(
+        variant="bf16->e2m1, 1x16, e4m3 SF",
+        fn=lambda x: tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True),
+        ref=lambda x: tilebake.torch.cast(x, "e2m1", (1, 16), use_e4m3_sf=True),
+        bytes=num_tokens * hidden * 2 + num_tokens * hidden // 2 + num_tokens * (hidden // 16),
+    )
+    return case
+
+
+def per_token_cast_sf_only_case(num_tokens, hidden):
+    case = per_token_cast_case(num_tokens, hidden)
+    case.update(
+        variant="per_token_cast_with_sf_only bf16, 1x128, fp32 SF",
+        fn=lambda x: tilebake.quant.per_token_cast_with_sf_only(x, "e4m3", 128),
+        ref=lambda x: tilebake.torch.cast(x, "e4m3", (1, 128))[1],
+        bytes=num_tokens * hidden * 2 + num_tokens * (hidden // 128) * 4,
+    )
+    return case
+
+
+CASES["per_token_cast"] += [per_token_cast_nvfp4_case, per_token_cast_sf_only_case]

@@ -11,7 +11,7 @@ from tilebake.errors import CorruptArtifactError, NoBinaryForDeviceError, Varian
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 
 ARGS = ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")
-VARIANT = PerTokenCastVariant("bf16", 128, False, False)
+VARIANT = PerTokenCastVariant("bf16", "e4m3", 128, "fp32")
 
 
 def test_arch_of_compute_capability():
@@ -70,9 +70,12 @@ def test_missing_manifest(monkeypatch, tmp_path):
 
 def test_unbuilt_variant_lists_the_closest():
     with pytest.raises(VariantNotBuiltError) as info:
-        loader.Kernel(PerTokenCastVariant("fp16", 128, False, False), ARGS)
+        loader.Kernel(PerTokenCastVariant("fp16", "e4m3", 128, "fp32"), ARGS)
     message = str(info.value)
-    assert "per_token_cast.in_dtype-fp16" in message and "in_dtype-bf16.num_per_channels-128.round_sf-0" in message
+    assert (
+        "per_token_cast.in_dtype-fp16" in message
+        and "in_dtype-bf16.fmt-e4m3.num_per_channels-128.sf_mode-fp32" in message
+    )
 
 
 def test_parameter_mismatch_is_reported(fake_device):

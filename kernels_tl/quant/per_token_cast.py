@@ -18,8 +18,16 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import per_token_sf_buffer
-from tilebake.quant.per_token_cast import PerTokenCastVariant
+from kernels_tl.quant.common import e2m1_code, e2m1_value, per_token_sf_buffer
+from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf_kind, shared with the host
+    SF_E4M3,
+    SF_PLAIN,
+    SF_PRECOMPUTED,
+    SF_ROUND,
+    X_SF_FP32,
+    X_SF_UE8M0,
+    PerTokenCastVariant,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +62,10 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
 def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
+    if v.sf_mode == "runtime":
+        return build_runtime_sf(v)
+    assert v.fmt == "e4m3" and v.in_dtype in ("bf16", "fp32"), v
+    round_sf, packed_ue8m0 = v.sf_mode in ("round", "ue8m0"), v.sf_mode == "ue8m0"
     in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
     vec = cfg.elems_per_thread or 16 // (2 if v.in_dtype == "bf16" else 4)
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
@@ -70,7 +82,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     hidden = T.dynamic("hidden")
     x_stride = T.dynamic("x_stride")
     y_stride = T.dynamic("y_stride")
-    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, packed_ue8m0)
     num_groups = T.ceildiv(hidden, npc)
 
     @T.prim_func
@@ -119,9 +131,9 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                 c = T.max(amax, amax_clamp)
                 # round_sf: the power-of-two exponent of the scale, rounded up.
                 e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                inv = T.reinterpret((127 - e) << 23, "float32") if round_sf else T.float32(fmt_max) / c
                 owner = row < num_tokens and col < hidden and (tx % lanes) == 0
-                if v.packed_ue8m0:
+                if packed_ue8m0:
                     if owner:
                         S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
                         # The last group zero-fills the rest of its 4-byte word.
@@ -129,7 +141,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                             for k in T.serial(3 - group % 4):
                                 S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
                 elif owner:
-                    S[row, group] = T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                    S[row, group] = T.reinterpret((e + 127) << 23, "float32") if round_sf else c / T.float32(fmt_max)
                 for j in T.vectorized(vec):
                     ys[j] = T.cast(T.clamp(T.cast(xs[u, j], "float32") * inv, -fmt_max, fmt_max), "float8_e4m3fn")
                 if row < num_tokens and col < hidden:
@@ -137,3 +149,190 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                         Y[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j] = ys[j]
 
     return per_token_cast_kernel
+
+
+def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
+    """Every option off the hot path, in one kernel per (input, output format, npc).
+
+    Runtime (uniform branches, free in a memory-bound kernel): the output SF mode `sf_mode`
+    (fp32 / power-of-two fp32 / packed UE8M0 / e4m3 / a given fp32 SF to quantize with),
+    `store_data` (0: only the SF, per_token_cast_with_sf_only), and for a quantized input its
+    SF storage `x_sf_kind` and SF block (`x_block_m`, `x_block_k`, the latter a multiple of 16
+    so a thread's 16 elements share one input scale).
+
+    Every SF tensor is passed twice or three times with one pointer: as fp32 (strides in
+    elements), as bytes [token, group or word, byte] (strides in bytes) and as e4m3.
+    """
+    quantized = v.in_dtype in ("e4m3", "e2m1")
+    in_dtype = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn", "e2m1": "uint8"}[v.in_dtype]
+    vec = 16  # logical elements a thread owns per row
+    in_vec = vec // 2 if v.in_dtype == "e2m1" else vec  # storage elements they occupy
+    out_vec = vec // 2 if v.fmt == "e2m1" else vec
+    x_align = {"bf16": 8, "fp32": 4, "e4m3": 16, "e2m1": 8}[v.in_dtype]  # stride multiple the host checks
+    y_align = 8 if v.fmt == "e2m1" else 16
+    npc = v.num_per_channels
+    lanes = npc // vec
+    assert 1 <= lanes <= 32 and 32 % lanes == 0, v
+    THREADS, THREADS_PER_ROW, ROWS_PER_THREAD = cfg.threads, cfg.threads_per_row, cfg.rows_per_thread
+    rows_per_pass = THREADS // THREADS_PER_ROW
+    rows_per_cta = rows_per_pass * ROWS_PER_THREAD
+    cols_per_cta = THREADS_PER_ROW * vec
+    fmt_max = {"e4m3": 448.0, "e2m1": 6.0}[v.fmt]
+
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")  # logical
+    x_stride = T.dynamic("x_stride")  # storage elements
+    y_stride = T.dynamic("y_stride")
+    sf_stride_t = T.dynamic("sf_stride_t")
+    sf_stride_g = T.dynamic("sf_stride_g")
+    num_groups = T.ceildiv(hidden, npc)
+    # Packed e2m1 rows hold hidden / 2 bytes, but their declared extent stays `hidden`: TVM cannot
+    # solve `hidden` from a `hidden // 2` extent, and extents are never checked (no bounds
+    # guards, no host-side DLTensor binding), only the strides address memory.
+    x_cols = y_cols = hidden
+    y_dtype = "uint8" if v.fmt == "e2m1" else "float8_e4m3fn"
+    sf32 = ((num_tokens, num_groups), (sf_stride_t, sf_stride_g))
+    sf8 = ((num_tokens, num_groups, 4), (sf_stride_t, sf_stride_g, 1))
+
+    @T.macro
+    def quantize(X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, x_sf_kind, x_block_m, x_block_k):
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
+            bx = T.alloc_var("int32")
+            by = T.alloc_var("int32")
+            bx = b // T.ceildiv(hidden, cols_per_cta)
+            by = b % T.ceildiv(hidden, cols_per_cta)
+            T.assume(x_stride % x_align == 0)
+            T.assume(y_stride % y_align == 0)
+            T.assume(hidden % 16 == 0)
+            tx = T.get_thread_binding(0)
+            col = by * cols_per_cta + (tx % THREADS_PER_ROW) * vec
+            group = col // npc
+            xs = T.alloc_local((ROWS_PER_THREAD, in_vec), in_dtype)
+            xf = T.alloc_local((vec,), "float32")  # the data as fp32 (decoded, not yet scaled)
+            ys = T.alloc_local((out_vec,), y_dtype)
+            for u in T.unroll(ROWS_PER_THREAD):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+                if row < num_tokens and col < hidden:
+                    for j in T.vectorized(in_vec):
+                        xs[u, j] = X[row, by * (cols_per_cta * in_vec // vec) + (tx % THREADS_PER_ROW) * in_vec + j]
+                else:
+                    for j in T.vectorized(in_vec):
+                        xs[u, j] = T.cast(0, in_dtype)
+            for u in T.unroll(ROWS_PER_THREAD):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+                valid = row < num_tokens and col < hidden
+                if v.in_dtype == "e2m1":
+                    for j in T.unroll(in_vec):
+                        xf[2 * j] = e2m1_value(T.cast(xs[u, j], "int32") & 15)
+                        xf[2 * j + 1] = e2m1_value(T.shift_right(T.cast(xs[u, j], "int32"), 4))
+                else:
+                    for j in T.unroll(vec):
+                        xf[j] = T.cast(xs[u, j], "float32")
+                # The input's scale for this thread's 16 elements (1 for an unquantized input).
+                x_sf = T.alloc_var("float32")
+                x_sf = T.float32(1)
+                if quantized:
+                    if valid:
+                        xr = row // x_block_m
+                        xg = col // x_block_k
+                        if x_sf_kind == X_SF_FP32:
+                            x_sf = XS[xr, xg]
+                        elif x_sf_kind == X_SF_UE8M0:
+                            byte = T.cast(XSB[xr, xg // 4, xg % 4], "int32")
+                            # Byte 0 is 2^-127, a subnormal (numerics: UE8M0 b -> 2^(b - 127)).
+                            x_sf = T.reinterpret(T.if_then_else(byte == 0, 1 << 22, byte << 23), "float32")
+                        else:
+                            x_sf = T.cast(XSE[xr, xg], "float32")
+                amax = T.alloc_var("float32")
+                amax = T.float32(0)
+                for j in T.unroll(vec):
+                    amax = T.max(amax, T.abs(xf[j] * x_sf) if quantized else T.abs(xf[j]))
+                for s in T.unroll(lanes.bit_length() - 1):
+                    amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                c = T.max(amax, amax_clamp)
+                owner = valid and (tx % lanes) == 0
+                inv = T.alloc_var("float32")
+                if sf_mode == SF_PLAIN:
+                    inv = T.float32(fmt_max) / c
+                    if owner:
+                        S[row, group] = c / T.float32(fmt_max)
+                elif sf_mode == SF_E4M3:
+                    # Saturating like the reference (c / fmt_max > 448 becomes 448, never NaN).
+                    sfe = T.cast(T.min(c / T.float32(fmt_max), T.float32(448)), "float8_e4m3fn")
+                    inv = T.float32(1) / T.cast(sfe, "float32")
+                    if owner:
+                        SE[row, group] = sfe
+                elif sf_mode == SF_PRECOMPUTED:
+                    inv = T.float32(1)
+                    if valid:
+                        inv = T.float32(1) / S[row, group]
+                else:
+                    # round_sf: the power-of-two exponent of the scale, rounded up.
+                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                    inv = T.reinterpret((127 - e) << 23, "float32")
+                    if sf_mode == SF_ROUND:
+                        if owner:
+                            S[row, group] = T.reinterpret((e + 127) << 23, "float32")
+                    elif owner:
+                        SB[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                        # The last group zero-fills the rest of its 4-byte word.
+                        if group == num_groups - 1:
+                            for k in T.serial(3 - group % 4):
+                                SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                if store_data != 0 and valid:
+                    # A quantized input multiplies the scales first (numerics: re-quantizing).
+                    scale = T.alloc_var("float32")
+                    scale = x_sf * inv if quantized else inv
+                    if v.fmt == "e2m1":
+                        for j in T.unroll(out_vec):
+                            ys[j] = T.cast(
+                                e2m1_code(xf[2 * j] * scale) | T.shift_left(e2m1_code(xf[2 * j + 1] * scale), 4),
+                                "uint8",
+                            )
+                    else:
+                        for j in T.vectorized(vec):
+                            ys[j] = T.cast(T.clamp(xf[j] * scale, -fmt_max, fmt_max), "float8_e4m3fn")
+                    for j in T.vectorized(out_vec):
+                        Y[row, by * (cols_per_cta * out_vec // vec) + (tx % THREADS_PER_ROW) * out_vec + j] = ys[j]
+
+    if quantized:
+        x_sf_t = T.dynamic("x_sf_stride_t")
+        x_sf_g = T.dynamic("x_sf_stride_g")
+        x_sf_rows = T.dynamic("x_sf_rows")
+        x_sf_cols = T.dynamic("x_sf_cols")
+
+        @T.prim_func
+        def per_token_cast_quantized_kernel(
+            X: T.StridedTensor((num_tokens, x_cols), (x_stride, 1), in_dtype),
+            Y: T.StridedTensor((num_tokens, y_cols), (y_stride, 1), y_dtype),
+            S: T.StridedTensor(*sf32, "float32"),
+            SB: T.StridedTensor(*sf8, "uint8"),
+            SE: T.StridedTensor(*sf32, "float8_e4m3fn"),
+            XS: T.StridedTensor((x_sf_rows, x_sf_cols), (x_sf_t, x_sf_g), "float32"),
+            XSB: T.StridedTensor((x_sf_rows, x_sf_cols, 4), (x_sf_t, x_sf_g, 1), "uint8"),
+            XSE: T.StridedTensor((x_sf_rows, x_sf_cols), (x_sf_t, x_sf_g), "float8_e4m3fn"),
+            amax_clamp: T.float32,
+            sf_mode: T.int32,
+            store_data: T.int32,
+            x_sf_kind: T.int32,
+            x_block_m: T.int32,
+            x_block_k: T.int32,
+        ):
+            quantize(X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, x_sf_kind, x_block_m, x_block_k)
+
+        return per_token_cast_quantized_kernel
+
+    @T.prim_func
+    def per_token_cast_any_sf_kernel(
+        X: T.StridedTensor((num_tokens, x_cols), (x_stride, 1), in_dtype),
+        Y: T.StridedTensor((num_tokens, y_cols), (y_stride, 1), y_dtype),
+        S: T.StridedTensor(*sf32, "float32"),
+        SB: T.StridedTensor(*sf8, "uint8"),
+        SE: T.StridedTensor(*sf32, "float8_e4m3fn"),
+        amax_clamp: T.float32,
+        sf_mode: T.int32,
+        store_data: T.int32,
+    ):
+        quantize(X, Y, S, SB, SE, None, None, None, amax_clamp, sf_mode, store_data, None, None, None)
+
+    return per_token_cast_any_sf_kernel

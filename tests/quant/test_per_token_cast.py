@@ -9,6 +9,7 @@ import torch
 import tilebake
 from tests.helpers import assert_bytes_equal, poison_
 from tilebake.quant._common import alloc_sf
+from tilebake.torch.cast import cast_with_precomputed_sf, unpack_from_e2m1fn_x2
 from tilebake.utils import ceil_div
 
 # (in dtype, num_per_channels, round_sf, packed UE8M0, TMA-aligned column-major SF)
@@ -98,9 +99,8 @@ BAD_CALLS = [
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
-    (dict(fmt="e2m1"), ValueError, "fmt must be one of"),
-    (dict(use_e4m3_sf=True), NotImplementedError, "use_e4m3_sf"),
-    (dict(stochastic_cast=True), NotImplementedError, "stochastic_cast"),
+    (dict(fmt="e2m1", num_per_channels=24), ValueError, "num_per_channels must be one of"),
+    (dict(stochastic_cast=True), NotImplementedError, "stochastic_cast=True is not built yet"),
     (dict(x="not a tensor"), TypeError, "x must be a torch.Tensor"),
     (
         dict(out=(torch.empty(4, 128, dtype=torch.bfloat16), torch.empty(4, 1))),
@@ -258,3 +258,375 @@ def test_cpu_torch_compile_fullgraph_traces_without_breaks():
     expected = reference(x, 32, False, False, False)
     assert_bytes_equal(out[0], expected[0], "out data")
     assert_bytes_equal(out[1], expected[1], "out sf")
+
+
+# --- e2m1 output, e4m3 SF, quantized inputs, SF only, precomputed SF ---
+
+# Output SF options: (round_sf, use_packed_ue8m0, use_e4m3_sf)
+SF_OPTIONS = {"plain": (False, False, False), "round": (True, False, False), "packed": (True, True, False)}
+SF_OPTIONS["e4m3sf"] = (False, False, True)
+# (tokens, hidden): tokens 1 / 127 / 8001, hidden 128 / 192 / 2048 / 7168 and 208 (not a multiple of 32)
+SHAPES = [(1, 128), (127, 192), (8001, 2048), (33, 7168), (5, 208)]
+
+
+def sf_kwargs(sf_option, col):
+    rs, packed, e4m3 = SF_OPTIONS[sf_option]
+    return dict(round_sf=rs, use_packed_ue8m0=packed, use_e4m3_sf=e4m3, use_tma_aligned_col_major_sf=col)
+
+
+def strided_copy(t, extra):
+    """t's values in a (T, W + extra) buffer: a view whose rows are strided."""
+    buf = torch.empty(t.shape[0], t.shape[1] + extra, dtype=t.dtype, device=t.device)
+    buf[:, : t.shape[1]] = t
+    return buf[:, : t.shape[1]]
+
+
+def alloc_out(num_tokens, hidden, fmt, npc, sf_option, col, device):
+    """A poisoned (data, sf) in the layout per_token_cast returns."""
+    like = torch.empty(0, device=device)
+    ref_sf = tilebake.torch.cast(
+        torch.zeros(max(num_tokens, 1), hidden, device=device), fmt, (1, npc), **sf_kwargs(sf_option, col)
+    )[1][:num_tokens]
+    data = like.new_empty(
+        (num_tokens, hidden // 2 if fmt == "e2m1" else hidden),
+        dtype=torch.int8 if fmt == "e2m1" else torch.float8_e4m3fn,
+    )
+    return poison_(data), poison_(torch.empty_strided(ref_sf.shape, ref_sf.stride(), dtype=ref_sf.dtype, device=device))
+
+
+def check_cast(x, fmt, npc, sf_option, col, x_block_size=None, use_out=False):
+    """per_token_cast (plain or QuantTensor x) against the reference, bytes and SF strides."""
+    expected = tilebake.torch.cast(x, fmt, (1, npc), x_block_size, **sf_kwargs(sf_option, col))
+    out = None
+    if use_out:
+        data_in = x if isinstance(x, torch.Tensor) else x[0]
+        hidden = expected[0].shape[1] * (2 if fmt == "e2m1" else 1)
+        out = alloc_out(data_in.shape[0], hidden, fmt, npc, sf_option, False, data_in.device)
+        expected = tilebake.torch.cast(x, fmt, (1, npc), x_block_size, **sf_kwargs(sf_option, False))
+        col = False  # a preallocated SF is row-major
+    data, sf = tilebake.quant.per_token_cast(x, fmt, npc, x_block_size, out=out, **sf_kwargs(sf_option, col))
+    if out is not None:
+        assert data is out[0] and sf is out[1]
+    tag = f"{fmt} npc={npc} sf={sf_option} col={col} x_block={x_block_size}"
+    assert_bytes_equal(data, expected[0], f"data ({tag})")
+    assert_bytes_equal(sf, expected[1], f"sf ({tag})")
+    assert sf.stride() == expected[1].stride() or sf.shape[0] <= 1, (tag, sf.stride(), expected[1].stride())
+
+
+def make_quantized(num_tokens, hidden, in_fmt, x_block, x_sf, col, device, row_pad=0):
+    """A QuantTensor input made by the reference: data e4m3 / packed e2m1, SF fp32 / packed UE8M0 /
+    e4m3, row- or column-major; rows strided when row_pad."""
+    x = make_input(num_tokens, hidden, torch.float32, device)
+    data, sf = tilebake.torch.cast(
+        x, in_fmt, x_block, **sf_kwargs({"fp32": "plain", "ue8m0": "packed"}.get(x_sf, x_sf), col)
+    )
+    return (strided_copy(data, row_pad) if row_pad else data), sf
+
+
+# CPU: the slow path for every new option, with and without a poisoned out=.
+
+
+@pytest.mark.parametrize("sf_option", list(SF_OPTIONS))
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_e2m1_and_e4m3_sf(dtype, fmt, sf_option):
+    for npc in (16, 64):
+        for col in (False, True):
+            check_cast(make_input(37, 208, dtype, "cpu"), fmt, npc, sf_option, col)
+        check_cast(make_input(5, 256, dtype, "cpu", row_stride=320), fmt, npc, sf_option, False, use_out=True)
+
+
+@pytest.mark.parametrize("x_sf", ["fp32", "ue8m0", "e4m3sf"])
+@pytest.mark.parametrize("in_fmt", ["e4m3", "e2m1"])
+def test_cpu_quantized_input(in_fmt, x_sf):
+    for x_block, col in [((1, 128), False), ((128, 128), True), ((32, 32), False), ((1, 16), True)]:
+        q = make_quantized(37, 208, in_fmt, x_block, x_sf, col, "cpu", row_pad=32)
+        check_cast(q, "e4m3", 32, "plain", False, x_block)
+        check_cast(q, "e2m1", 16, "e4m3sf", True, x_block, use_out=True)
+
+
+def test_cpu_e2m1_layout_and_round_trip():
+    """e2m1 output: int8 (T, H/2), even element in the low nibble, and data * sf is within half
+    an e2m1 step (relative 1/4 above 1, else 1/4 of the block's scale) of x."""
+    x = make_input(16, 256, torch.float32, "cpu")
+    data, sf = tilebake.quant.per_token_cast(x, "e2m1", 32)
+    assert data.dtype == torch.int8 and data.shape == (16, 128) and sf.shape == (16, 8)
+    values = unpack_from_e2m1fn_x2(data)
+    assert values.shape == (16, 256)
+    y = values * sf.repeat_interleave(32, dim=1)
+    assert torch.all((y - x).abs() <= 0.25 * (x.abs().clamp(min=sf.repeat_interleave(32, dim=1))) + 1e-30)
+    # Element 0 of a row sits in the low nibble: the code of +6 * sf (the block maximum) is 7.
+    row_max = x[0, :32].abs().argmax().item()
+    byte = int(data[0, row_max // 2]) & 0xFF
+    assert ((byte >> (4 * (row_max % 2))) & 7) == 7
+
+
+@pytest.mark.parametrize("sf_option", list(SF_OPTIONS))
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+def test_cpu_sf_only_equals_per_token_cast_sf(fmt, sf_option):
+    x = make_input(37, 208, torch.bfloat16, "cpu")
+    for col in (False, True):
+        sf = tilebake.quant.per_token_cast_with_sf_only(x, fmt, 16, **sf_kwargs(sf_option, col))
+        expected = tilebake.quant.per_token_cast(x, fmt, 16, **sf_kwargs(sf_option, col))[1]
+        assert_bytes_equal(sf, expected, "sf")
+        assert sf.stride() == expected.stride()
+    out_sf = alloc_out(37, 208, fmt, 16, sf_option, False, "cpu")[1]
+    result = tilebake.quant.per_token_cast_with_sf_only(x, fmt, 16, out_sf=out_sf, **sf_kwargs(sf_option, False))
+    assert result is out_sf
+    assert_bytes_equal(out_sf, tilebake.torch.cast(x, fmt, (1, 16), **sf_kwargs(sf_option, False))[1], "out_sf")
+
+
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+def test_cpu_precomputed_sf(fmt):
+    x = make_input(37, 208, torch.bfloat16, "cpu")
+    sf = torch.rand(37, 7) + 0.01  # any positive scales, not only the ones per_token_cast would pick
+    expected = cast_with_precomputed_sf(x, fmt, (1, 32), sf)
+    assert_bytes_equal(tilebake.quant.per_token_cast_with_precomputed_sf(x, fmt, 32, sf), expected, "data")
+    out = alloc_out(37, 208, fmt, 32, "plain", False, "cpu")[0]
+    assert tilebake.quant.per_token_cast_with_precomputed_sf(x, fmt, 32, sf, out=out) is out
+    assert_bytes_equal(out, expected, "out")
+    # With the SF per_token_cast chose, the data equals per_token_cast's except where x * (1/sf)
+    # and x * (fmt_max / c) round differently: at most a few codes.
+    data, sf = tilebake.quant.per_token_cast(x, fmt, 32, round_sf=True)
+    again = tilebake.quant.per_token_cast_with_precomputed_sf(x, fmt, 32, sf, round_sf=True)
+    assert_bytes_equal(again, data, "round_sf data (power-of-two scales: 1/sf is exact)")
+
+
+def test_cpu_new_ops_empty():
+    x = torch.empty(0, 256, dtype=torch.bfloat16)
+    data, sf = tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True)
+    assert (
+        data.shape == (0, 128) and data.dtype == torch.int8 and sf.shape == (0, 16) and sf.dtype == torch.float8_e4m3fn
+    )
+    assert tilebake.quant.per_token_cast_with_sf_only(x, "e4m3", 128).shape == (0, 2)
+    assert tilebake.quant.per_token_cast_with_precomputed_sf(x, "e2m1", 128, torch.empty(0, 2)).shape == (0, 128)
+
+
+_Q = (torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 1))
+BAD_NEW_CALLS = [
+    (dict(fmt="e2m1", use_e4m3_sf=True, round_sf=True), ValueError, "use_e4m3_sf=True is incompatible with round_sf"),
+    (dict(fmt="e2m1", use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
+    (dict(fmt="e2m1", stochastic_cast=True), NotImplementedError, "stochastic_cast=True is not built yet"),
+    (dict(x=_Q, x_block_size=(1, 128), stochastic_cast=True), NotImplementedError, "stochastic_cast"),
+    (dict(fmt="e2m1", x=torch.zeros(4, 120, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
+    (
+        dict(fmt="e2m1", x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")),
+        ValueError,
+        "CUDA device or the CPU",
+    ),
+    (dict(x_block_size=(1, 128)), ValueError, "x_block_size must be None when x is a plain tensor"),
+    (dict(x=_Q), ValueError, "x_block_size must be given"),
+    (dict(x=_Q, x_block_size=(1, 8)), ValueError, "x_block_size\\[1\\] must be a multiple of 16"),
+    (dict(x=_Q, x_block_size=(0, 128)), ValueError, "x_block_size must be a pair"),
+    (dict(x=_Q, x_block_size=128), ValueError, "x_block_size must be a pair"),
+    (
+        dict(x=(_Q[0], torch.ones(4, 1, dtype=torch.bfloat16)), x_block_size=(1, 128)),
+        TypeError,
+        "x\\[1\\] \\(the SF\\)",
+    ),
+    (dict(x=(_Q[0], torch.ones(4, 2)), x_block_size=(1, 128)), ValueError, "must have shape \\(4, 1\\)"),
+    (dict(x=(_Q[0], torch.ones(4, 2, dtype=torch.int32)), x_block_size=(1, 32)), ValueError, "packed 4 to an int32"),
+    (
+        dict(x=(_Q[0], torch.ones(1, 1, device="meta")), x_block_size=(4, 128)),
+        ValueError,
+        "must be on x\\[0\\]'s device",
+    ),
+    (dict(x=(_Q[0].bfloat16(), _Q[1]), x_block_size=(1, 128)), TypeError, "x\\[0\\] \\(the data\\) must be"),
+    (dict(x=(torch.zeros(4, 12, dtype=torch.int8), _Q[1]), x_block_size=(1, 32)), ValueError, "multiple of 8"),
+    (dict(x=(_Q[0], _Q[1], _Q[1]), x_block_size=(1, 128)), TypeError, "QuantTensor"),
+    (
+        dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn, device="meta"), _Q[1]), x_block_size=(1, 128)),
+        ValueError,
+        "x\\[0\\] must be on a CUDA device or the CPU",
+    ),
+    (
+        dict(fmt="e2m1", out=(torch.empty(4, 128, dtype=torch.int8), torch.empty(4, 1))),
+        ValueError,
+        "out\\[0\\] must have shape \\(4, 64\\)",
+    ),
+    (
+        dict(use_e4m3_sf=True, out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn), torch.empty(4, 1))),
+        TypeError,
+        "out\\[1\\] must be torch.float8_e4m3fn",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,message", BAD_NEW_CALLS, ids=[m for _, _, m in BAD_NEW_CALLS])
+def test_rejects_bad_new_arguments(overrides, exc, message):
+    args = dict(x=torch.zeros(4, 128, dtype=torch.bfloat16), fmt="e4m3", num_per_channels=128)
+    args.update(overrides)
+    with pytest.raises(exc, match=message):
+        tilebake.quant.per_token_cast(**args)
+
+
+BAD_SF_ONLY = [
+    (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
+    (dict(num_per_channels=8), ValueError, "num_per_channels must be one of"),
+    (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
+    (dict(use_e4m3_sf=True, round_sf=True), ValueError, "incompatible with round_sf"),
+    (dict(x=_Q), TypeError, "no QuantTensor input"),
+    (dict(x=torch.zeros(4, 200, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
+    (dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")), ValueError, "CUDA device or the CPU"),
+    (dict(out_sf=torch.empty(4, 1), use_tma_aligned_col_major_sf=True), ValueError, "not supported"),
+    (dict(out_sf=torch.empty(4, 1, dtype=torch.int32)), TypeError, "out_sf must be torch.float32"),
+    (dict(out_sf=torch.empty(4, 1), round_sf=True, use_packed_ue8m0=True), TypeError, "out_sf must be torch.int32"),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,message", BAD_SF_ONLY, ids=[m for _, _, m in BAD_SF_ONLY])
+def test_sf_only_rejects_bad_arguments(overrides, exc, message):
+    args = dict(x=torch.zeros(4, 128, dtype=torch.bfloat16), fmt="e4m3", num_per_channels=128)
+    args.update(overrides)
+    with pytest.raises(exc, match=message):
+        tilebake.quant.per_token_cast_with_sf_only(**args)
+
+
+BAD_PRECOMPUTED = [
+    (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
+    (dict(num_per_channels=8), ValueError, "num_per_channels must be one of"),
+    (dict(use_tma_aligned_col_major_sf=True), ValueError, "row-major, non-packed"),
+    (dict(round_sf=True, use_packed_ue8m0=True), ValueError, "row-major, non-packed"),
+    (dict(use_e4m3_sf=True, round_sf=True), ValueError, "incompatible with round_sf"),
+    (dict(sf=torch.ones(4, 1, dtype=torch.int32)), TypeError, "sf must be torch.float32"),
+    (dict(sf=torch.ones(4, 1, dtype=torch.float8_e4m3fn)), TypeError, "sf must be torch.float32"),
+    (dict(sf=torch.ones(4, 2)), ValueError, "sf must have shape \\(4, 1\\)"),
+    (dict(num_per_channels=32, sf=torch.ones(4, 4).t().contiguous().t()), ValueError, "sf must be row-major"),
+    (dict(sf=torch.ones(4, 1, device="meta")), ValueError, "sf must be on"),
+    (dict(x=_Q), TypeError, "no QuantTensor input"),
+    (dict(x=torch.zeros(4, 200, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
+    (dict(out=torch.empty(4, 128, dtype=torch.int8)), TypeError, "out must be torch.float8_e4m3fn"),
+    (dict(fmt="e2m1", out=torch.empty(4, 128, dtype=torch.int8)), ValueError, "out must have shape \\(4, 64\\)"),
+]
+
+
+@pytest.mark.parametrize("overrides,exc,message", BAD_PRECOMPUTED, ids=[m for _, _, m in BAD_PRECOMPUTED])
+def test_precomputed_sf_rejects_bad_arguments(overrides, exc, message):
+    args = dict(x=torch.zeros(4, 128, dtype=torch.bfloat16), fmt="e4m3", num_per_channels=128, sf=torch.ones(4, 1))
+    args.update(overrides)
+    with pytest.raises(exc, match=message):
+        tilebake.quant.per_token_cast_with_precomputed_sf(**args)
+
+
+# GPU: bit-exact against the reference for every new option.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("col", [False, True], ids=["rowmajor", "colmajor"])
+@pytest.mark.parametrize("npc", [16, 32, 128])
+@pytest.mark.parametrize(
+    "fmt,sf_option",
+    [("e2m1", "plain"), ("e2m1", "round"), ("e2m1", "packed"), ("e2m1", "e4m3sf"), ("e4m3", "e4m3sf")],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_e2m1_and_e4m3_sf(dtype, fmt, sf_option, npc, col):
+    for num_tokens, hidden in SHAPES:
+        check_cast(make_input(num_tokens, hidden, dtype, "cuda"), fmt, npc, sf_option, col)
+    check_cast(make_input(127, 208, dtype, "cuda", row_stride=208 + 64), fmt, npc, sf_option, col)
+    check_cast(make_input(127, 2048, dtype, "cuda"), fmt, npc, sf_option, col, use_out=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("col", [False, True], ids=["rowmajor-xsf", "colmajor-xsf"])
+@pytest.mark.parametrize("x_block", [(1, 128), (128, 128), (32, 32), (1, 16)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("x_sf", ["fp32", "ue8m0", "e4m3sf"])
+@pytest.mark.parametrize("in_fmt", ["e4m3", "e2m1"])
+def test_gpu_quantized_input(in_fmt, x_sf, x_block, col):
+    outputs = [("e4m3", 128, "plain"), ("e2m1", 16, "e4m3sf"), ("e4m3", 32, "packed"), ("e2m1", 64, "round")]
+    for (num_tokens, hidden), (fmt, npc, sf_option) in itertools.product(SHAPES[:4], outputs):
+        q = make_quantized(num_tokens, hidden, in_fmt, x_block, x_sf, col, "cuda")
+        check_cast(q, fmt, npc, sf_option, col, x_block)
+    q = make_quantized(127, 208, in_fmt, x_block, x_sf, col, "cuda", row_pad=48)  # strided rows, odd hidden
+    for fmt, npc, sf_option in outputs:
+        check_cast(q, fmt, npc, sf_option, False, x_block, use_out=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("col", [False, True], ids=["rowmajor", "colmajor"])
+@pytest.mark.parametrize("sf_option", list(SF_OPTIONS))
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_sf_only(dtype, fmt, sf_option, col):
+    for (num_tokens, hidden), npc in itertools.product(SHAPES + [(127, 208 + 256)], (16, 128)):
+        x = make_input(num_tokens, hidden, dtype, "cuda", row_stride=hidden + 32 if num_tokens == 127 else None)
+        expected = tilebake.torch.cast(x, fmt, (1, npc), **sf_kwargs(sf_option, col))[1]
+        sf = tilebake.quant.per_token_cast_with_sf_only(x, fmt, npc, **sf_kwargs(sf_option, col))
+        assert_bytes_equal(sf, expected, f"sf ({num_tokens}x{hidden} npc={npc})")
+        assert sf.stride() == expected.stride() or num_tokens <= 1
+    x = make_input(8001, 2048, dtype, "cuda")
+    out_sf = alloc_out(8001, 2048, fmt, 32, sf_option, False, "cuda")[1]
+    assert (
+        tilebake.quant.per_token_cast_with_sf_only(x, fmt, 32, out_sf=out_sf, **sf_kwargs(sf_option, False)) is out_sf
+    )
+    assert_bytes_equal(out_sf, tilebake.torch.cast(x, fmt, (1, 32), **sf_kwargs(sf_option, False))[1], "out_sf")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("npc", [16, 32, 64, 128])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_precomputed_sf(dtype, fmt, npc):
+    for num_tokens, hidden in SHAPES:
+        x = make_input(num_tokens, hidden, dtype, "cuda", row_stride=hidden + 64 if num_tokens == 127 else None)
+        groups = ceil_div(hidden, npc)
+        # Scales over many binades, and the ones per_token_cast picks.
+        for sf in (
+            torch.rand(num_tokens, groups, device="cuda")
+            * torch.exp2(torch.randint(-20, 20, (num_tokens, groups), device="cuda").float())
+            + 1e-30,
+            tilebake.torch.cast(x, fmt, (1, npc))[1],
+        ):
+            expected = cast_with_precomputed_sf(x, fmt, (1, npc), sf)
+            assert_bytes_equal(
+                tilebake.quant.per_token_cast_with_precomputed_sf(x, fmt, npc, sf), expected, f"{num_tokens}x{hidden}"
+            )
+    x = make_input(8001, 2048, dtype, "cuda")
+    sf = tilebake.torch.cast(x, fmt, (1, npc))[1]
+    out = alloc_out(8001, 2048, fmt, npc, "plain", False, "cuda")[0]
+    assert tilebake.quant.per_token_cast_with_precomputed_sf(x, fmt, npc, sf, out=out) is out
+    assert_bytes_equal(out, cast_with_precomputed_sf(x, fmt, (1, npc), sf), "out")
+
+
+@pytest.mark.gpu
+def test_gpu_new_options_empty_and_clamp():
+    x = torch.empty(0, 256, dtype=torch.bfloat16, device="cuda")
+    data, sf = tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True, use_tma_aligned_col_major_sf=True)
+    assert data.shape == (0, 128) and sf.shape == (0, 16) and sf.dtype == torch.float8_e4m3fn
+    q = (torch.empty(0, 128, dtype=torch.int8, device="cuda"), torch.empty(0, 8, device="cuda"))
+    data, sf = tilebake.quant.per_token_cast(q, "e4m3", 32, x_block_size=(1, 32))
+    assert data.shape == (0, 256) and sf.shape == (0, 8)
+    assert tilebake.quant.per_token_cast_with_sf_only(x, "e2m1", 32).shape == (0, 8)
+    assert tilebake.quant.per_token_cast_with_precomputed_sf(x, "e4m3", 32, torch.empty(0, 8, device="cuda")).shape == (
+        0,
+        256,
+    )
+    # The amax clamp of (e2m1, e4m3 SF) is a runtime argument too.
+    x = make_input(64, 512, torch.bfloat16, "cuda") * 1e-6
+    tilebake.set_amax_clamp_for_quant("e2m1", True, 0.75)
+    expected = tilebake.torch.cast(x, "e2m1", (1, 16), use_e4m3_sf=True, amax_clamp=0.75)
+    data, sf = tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert torch.all(sf.float() == 0.125)  # every block below the clamp: e4m3(0.75 / 6)
+
+
+@pytest.mark.gpu
+def test_gpu_e2m1_nan_inf_codes():
+    """NaN and +-inf inputs: the reference's codes (NaN and inf saturate to +-6, code 7 | sign)."""
+    x = make_input(4, 128, torch.float32, "cuda")
+    x[0, 3], x[1, 8], x[2, 100] = float("nan"), float("inf"), float("-inf")
+    expected = tilebake.torch.cast(x, "e2m1", (1, 32))
+    data, sf = tilebake.quant.per_token_cast(x, "e2m1", 32)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+
+
+def test_variant_set():
+    """The hot path keeps one binary per SF mode; everything else shares 32 runtime-SF kernels
+    (the budget for per_token_cast + _with_sf_only + _with_precomputed_sf is 96)."""
+    from tilebake.quant.per_token_cast import PerTokenCastVariant
+
+    ids = {v.id for v in PerTokenCastVariant.all()}
+    assert len(ids) == 56
+    assert "per_token_cast.in_dtype-bf16.fmt-e4m3.num_per_channels-128.sf_mode-fp32" in ids
+    assert sum(v.sf_mode == "runtime" for v in PerTokenCastVariant.all()) == 32

@@ -125,3 +125,21 @@ def sf_strides_for_kernel(sf: torch.Tensor, use_packed_ue8m0: bool) -> tuple[int
     if use_packed_ue8m0:
         return sf.stride(0) * 4, sf.stride(1) * 4
     return sf.stride(0), sf.stride(1)
+
+
+def check_packed_rows(x: torch.Tensor, name: str) -> tuple[int, int]:
+    """A (T, H/2) int8 matrix of packed e2m1 pairs, which the kernels read or write as 8-byte
+    vectors: last dim contiguous, row stride a multiple of 8 bytes, on a CUDA device or the CPU.
+    Returns its (physical) shape."""
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (num_tokens, hidden / 2), got shape {tuple(x.shape)}")
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
+    num_tokens, cols = x.shape
+    if cols > 1 and x.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
+    if num_tokens > 1 and (x.stride(0) * x.element_size()) % 8:
+        raise ValueError(
+            f"{name}'s row stride must be a multiple of 8 bytes, got {x.stride(0)} elements of {x.element_size()} bytes"
+        )
+    return num_tokens, cols

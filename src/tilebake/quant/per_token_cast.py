@@ -1,4 +1,5 @@
-"""per_token_cast: row-wise (1 x num_per_channels) block quantisation to FP8 e4m3.
+"""per_token_cast (+ _with_sf_only, _with_precomputed_sf): row-wise (1 x num_per_channels)
+block quantisation to FP8 e4m3 or FP4 e2m1.
 
 Validate, allocate, launch. The kernel is kernels_tl/quant/per_token_cast.py; the
 reference (and the CPU path) is tilebake.torch.cast with block (1, num_per_channels).
@@ -18,17 +19,20 @@ from tilebake._variants import Variant
 from tilebake.quant._common import (
     NUM_PER_CHANNELS,
     QuantTensor,
+    _explain_tensor,
     alloc_sf,
     check_aligned,
     check_fmt,
     check_num_per_channels,
     check_out_data,
     check_out_sf,
+    check_packed_rows,
     check_rows,
     check_sf_options,
+    sf_layout,
     sf_strides_for_kernel,
 )
-from tilebake.utils import ceil_div
+from tilebake.utils import align, ceil_div
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,38 +40,51 @@ class PerTokenCastVariant(Variant):
     family = "quant"
     op = "per_token_cast"
 
-    in_dtype: str  # 'bf16' | 'fp32'
+    in_dtype: str  # 'bf16' | 'fp32', or a quantized input's data: 'e4m3' | 'e2m1' (packed int8)
+    fmt: str  # output data: 'e4m3' | 'e2m1' (packed int8)
     num_per_channels: int
-    round_sf: bool
-    packed_ue8m0: bool  # SF as UE8M0 bytes packed 4 to an int32 (needs round_sf)
+    # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (packed 4 to an int32): the hot path, one
+    # binary per SF mode. 'runtime': every SF mode (also e4m3 SF, SF only, a precomputed SF) as
+    # a kernel argument, and a quantized input's SF storage and block size too.
+    sf_mode: str
 
     @classmethod
     def all(cls):
-        return tuple(
-            cls(in_dtype, npc, round_sf, packed)
-            for in_dtype, npc, (round_sf, packed) in itertools.product(
-                ("bf16", "fp32"), NUM_PER_CHANNELS, ((False, False), (True, False), (True, True))
+        hot = [
+            cls(in_dtype, "e4m3", npc, sf_mode)
+            for in_dtype, npc, sf_mode in itertools.product(
+                ("bf16", "fp32"), NUM_PER_CHANNELS, ("fp32", "round", "ue8m0")
             )
-        )
+        ]
+        runtime = [
+            cls(in_dtype, fmt, npc, "runtime")
+            for in_dtype, fmt, npc in itertools.product(("bf16", "fp32", "e4m3", "e2m1"), FMTS, NUM_PER_CHANNELS)
+        ]
+        return tuple(hot + runtime)
 
 
+FMTS = ("e4m3", "e2m1")
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-_KEYS: dict[tuple, tuple] = {}  # validated (dtype, fmt, npc, round_sf, packed) -> variant key
+_SF_MODES = {(False, False): "fp32", (True, False): "round", (True, True): "ue8m0"}
+# validated (dtype, fmt, npc, round_sf, packed) -> hot variant key, or None: the general path
+_KEYS: dict[tuple, Optional[tuple]] = {}
 
 
-def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> tuple:
-    """Check the non-tensor arguments (and x's type and dtype); remember the valid combination."""
+def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> Optional[tuple]:
+    """Check the non-tensor arguments (and x's type and dtype); remember the valid combination.
+    None: not the hot path (an e2m1 output or a quantized input); _general checks the rest."""
     if not isinstance(x, torch.Tensor):
-        if isinstance(x, tuple):
-            raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if isinstance(x, (tuple, list)):
+            return None
+        raise TypeError(f"x must be a torch.Tensor or a QuantTensor (data, sf), got {type(x).__name__}")
     in_dtype = _IN_DTYPES.get(x.dtype)
     if in_dtype is None:
-        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
-    check_fmt(fmt, ("e4m3",))
+        raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (data, sf)), got {x.dtype}")
+    check_fmt(fmt, FMTS)
     check_num_per_channels(num_per_channels)
     check_sf_options(round_sf, use_packed_ue8m0)
-    key = (in_dtype, num_per_channels, bool(round_sf), bool(use_packed_ue8m0))
+    key = (in_dtype, "e4m3", num_per_channels, _SF_MODES[bool(round_sf), bool(use_packed_ue8m0)])
+    key = key if fmt == "e4m3" else None
     _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_packed_ue8m0] = key
     return key
 
@@ -76,14 +93,6 @@ def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0) -
     data, sf = out
     check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
     check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
-
-
-def _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast):
-    if x_block_size is not None:
-        raise NotImplementedError("per_token_cast of an already quantized input (x_block_size) is not built yet")
-    if use_e4m3_sf:
-        raise NotImplementedError("use_e4m3_sf=True is not built yet; use fp32 or UE8M0 scale factors")
-    raise NotImplementedError("stochastic_cast=True is not built yet")
 
 
 _KERNELS = KernelTable(
@@ -104,24 +113,30 @@ def per_token_cast(
     stochastic_cast: bool = False,
     out: Optional[QuantTensor] = None,
 ) -> QuantTensor:
-    """Quantise each row of `x` in blocks of `num_per_channels` to FP8 e4m3.
+    """Quantise each row of `x` in blocks of `num_per_channels` to FP8 e4m3 or FP4 e2m1.
 
     Args:
         x: (T, H) bf16 or fp32, last dim contiguous, rows 16-byte aligned (any row stride
-            that is a multiple of 16 bytes), H a multiple of 16.
-        fmt: 'e4m3'.
+            that is a multiple of 16 bytes), H a multiple of 16. Or a QuantTensor (data, sf)
+            to re-quantise: data e4m3 (T, H) or packed e2m1 int8 (T, H/2) (rows 16- resp.
+            8-byte aligned), sf fp32 / packed UE8M0 int32 / e4m3, row- or column-major.
+        fmt: 'e4m3', or 'e2m1' (int8 (T, H/2), the even element in the low nibble).
         num_per_channels: block width, one of 16, 32, 64, 128. A last partial block
             (H not a multiple of it) is scaled over its valid elements.
+        x_block_size: (bm, bk) of a QuantTensor input's SF blocks, bk a multiple of 16;
+            None for a plain tensor.
         use_tma_aligned_col_major_sf: return the SF column-major, its token dim padded
             to 16 bytes, as a (T, ceil(H/npc)) view with stride (1, padded T).
         round_sf: round each scale up to a power of two.
         use_packed_ue8m0: SF as UE8M0 exponent bytes packed 4 to an int32 along H
             (needs round_sf); shape (T, ceil(ceil(H/npc)/4)).
+        use_e4m3_sf: SF as float8_e4m3fn (not with round_sf).
+        stochastic_cast: not built yet (NotImplementedError).
         out: optional preallocated (data, sf) with the returned layout.
 
     Returns:
-        (data, sf): e4m3 (T, H) and the scale factors, so that x ~= data * sf per block.
-        CPU tensors take the pure-torch reference path (same bytes, slower).
+        (data, sf) so that x ~= data * sf per block. CPU tensors take the pure-torch
+        reference path (same bytes, slower).
     """
     # Validate. The non-tensor arguments are checked once per combination (the cached
     # kernel key); the tensor is checked on every call.
@@ -129,8 +144,11 @@ def per_token_cast(
         key = _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_packed_ue8m0]
     except (KeyError, AttributeError, TypeError):
         key = _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0)
-    if x_block_size is not None or use_e4m3_sf or stochastic_cast:
-        _reject_unbuilt(x_block_size, use_e4m3_sf, stochastic_cast)
+    if key is None or x_block_size is not None or use_e4m3_sf or stochastic_cast:
+        return _general(
+            x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+            use_e4m3_sf, stochastic_cast, out,
+        )  # fmt: skip
     num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)
     if torch.compiler.is_compiling():
         return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
@@ -174,6 +192,313 @@ def per_token_cast(
         num_tokens, hidden, x.stride(0), data.stride(0), sf_stride_t, sf_stride_g,
     )  # fmt: skip
     return data, sf
+
+
+# --- Everything off the hot path: e2m1 output, e4m3 SF, quantized inputs, SF only, a given SF.
+# One kernel per (input, fmt, npc) takes the SF mode and the input SF's storage as arguments
+# (kernels_tl/quant/per_token_cast.py build_runtime_sf; the codes below are its constants).
+
+SF_PLAIN, SF_ROUND, SF_UE8M0, SF_E4M3, SF_PRECOMPUTED = 0, 1, 2, 3, 4  # the kernel's sf_mode argument
+X_SF_FP32, X_SF_UE8M0, X_SF_E4M3 = 0, 1, 2  # its x_sf_kind: how a quantized input's SF is stored
+_X_SF_KINDS = {torch.float32: X_SF_FP32, torch.int32: X_SF_UE8M0, torch.float8_e4m3fn: X_SF_E4M3}
+_RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data",
+                 "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
+_QUANTIZED_ARGS = ("XS", "XSB", "XSE", "x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
+_RUNTIME_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS)
+_QUANTIZED_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS + _QUANTIZED_ARGS)
+
+
+def _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf) -> None:
+    check_sf_options(round_sf, use_packed_ue8m0)
+    if use_e4m3_sf and round_sf:
+        raise ValueError("use_e4m3_sf=True is incompatible with round_sf=True (an e4m3 scale is not rounded to 2^e)")
+
+
+def _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf) -> int:
+    if use_e4m3_sf:
+        return SF_E4M3
+    return SF_UE8M0 if use_packed_ue8m0 else SF_ROUND if round_sf else SF_PLAIN
+
+
+def _sf_dtype_and_cols(num_groups: int, sf_mode: int) -> tuple[torch.dtype, int]:
+    if sf_mode == SF_E4M3:
+        return torch.float8_e4m3fn, num_groups
+    return sf_layout(num_groups, sf_mode == SF_UE8M0)
+
+
+def _alloc_any_sf(like, num_tokens: int, num_groups: int, sf_mode: int, col_major: bool) -> torch.Tensor:
+    if sf_mode != SF_E4M3:
+        return alloc_sf(like, num_tokens, num_groups, sf_mode == SF_UE8M0, col_major)
+    if col_major:  # the token dim padded to 16 bytes = 16 e4m3 scales
+        padded = align(num_tokens, 16)
+        return like.new_empty_strided((padded, num_groups), (1, padded), dtype=torch.float8_e4m3fn)[:num_tokens]
+    return like.new_empty((num_tokens, num_groups), dtype=torch.float8_e4m3fn)
+
+
+def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int, like) -> None:
+    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode)
+    if not (
+        isinstance(sf, torch.Tensor)
+        and sf.dtype == dtype
+        and sf.shape == (num_tokens, cols)
+        and sf.device == like.device  # not get_device(): it is -1 on the CPU and on meta alike
+    ):
+        _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
+
+
+def _sf_strides(sf: torch.Tensor, sf_mode: int) -> tuple[int, int]:
+    """Kernels address fp32 SF in elements, packed UE8M0 and e4m3 SF in bytes."""
+    return sf_strides_for_kernel(sf, sf_mode == SF_UE8M0)
+
+
+def _check_data_out(t, name: str, num_tokens: int, hidden: int, fmt: str, like) -> None:
+    if fmt == "e4m3":
+        check_out_data(t, name, (num_tokens, hidden), torch.float8_e4m3fn, like)
+    else:
+        shape = (num_tokens, hidden // 2)
+        if not (isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.shape == shape and t.device == like.device):
+            _explain_tensor(t, name, shape, torch.int8, like)
+        check_packed_rows(t, name)
+
+
+def _alloc_data(like, num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
+    if fmt == "e4m3":
+        return like.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return like.new_empty((num_tokens, hidden // 2), dtype=torch.int8)
+
+
+def _parse_plain_x(x, op: str):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{op}: x must be a bfloat16 or float32 torch.Tensor (no QuantTensor input), got {type(x).__name__}"
+        )
+    return _parse_x(x, None)
+
+
+def _parse_x(x, x_block_size):
+    """(data tensor, in_dtype key, logical T, logical H, input SF or None, (bm, bk) or None), checked."""
+    if isinstance(x, torch.Tensor):
+        if x_block_size is not None:
+            raise ValueError(
+                "x_block_size must be None when x is a plain tensor (it gives the SF blocks of a "
+                f"QuantTensor input), got {x_block_size!r}"
+            )
+        in_dtype = _IN_DTYPES.get(x.dtype)
+        if in_dtype is None:
+            raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (data, sf)), got {x.dtype}")
+        num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)
+        return x, in_dtype, num_tokens, hidden, None, None
+    if not (isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x)):
+        raise TypeError(f"x must be a torch.Tensor or a QuantTensor (data, sf) of two tensors, got {type(x).__name__}")
+    data, x_sf = x
+    if x_block_size is None:
+        raise ValueError("x_block_size must be given as (bm, bk) when x is a QuantTensor (data, sf)")
+    if (
+        not isinstance(x_block_size, (tuple, list))
+        or len(x_block_size) != 2
+        or not all(type(b) is int and b >= 1 for b in x_block_size)
+    ):
+        raise ValueError(f"x_block_size must be a pair (bm, bk) of positive ints, got {x_block_size!r}")
+    block_m, block_k = x_block_size
+    if block_k % 16:
+        raise ValueError(
+            f"x_block_size[1] must be a multiple of 16 (16 consecutive elements share one input scale), "
+            f"got {x_block_size!r}"
+        )
+    if data.dtype == torch.float8_e4m3fn:
+        in_dtype = "e4m3"
+        num_tokens, hidden = check_rows(data, "x[0]", hidden_multiple=16)
+    elif data.dtype == torch.int8:
+        in_dtype = "e2m1"
+        num_tokens, half = check_packed_rows(data, "x[0]")
+        if half % 8:
+            raise ValueError(f"x[0].shape[1] (packed e2m1, hidden / 2) must be a multiple of 8, got {half}")
+        hidden = 2 * half
+    else:
+        raise TypeError(f"x[0] (the data) must be float8_e4m3fn or int8 (packed e2m1), got {data.dtype}")
+    kind = _X_SF_KINDS.get(x_sf.dtype)
+    if kind is None:
+        raise TypeError(f"x[1] (the SF) must be float32, int32 (packed UE8M0) or float8_e4m3fn, got {x_sf.dtype}")
+    sf_rows, sf_cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
+    if kind == X_SF_UE8M0:
+        sf_cols = ceil_div(sf_cols, 4)
+    if x_sf.shape != (sf_rows, sf_cols):
+        raise ValueError(
+            f"x[1] (the SF) must have shape {(sf_rows, sf_cols)} for T={num_tokens}, H={hidden}, "
+            f"x_block_size={tuple(x_block_size)}{' (packed 4 to an int32)' if kind == X_SF_UE8M0 else ''}, "
+            f"got {tuple(x_sf.shape)}"
+        )
+    if x_sf.device != data.device:
+        raise ValueError(f"x[1] (the SF) must be on x[0]'s device {data.device}, got {x_sf.device}")
+    return data, in_dtype, num_tokens, hidden, x_sf, (block_m, block_k)
+
+
+def _general(
+    x, fmt, num_per_channels, x_block_size, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out
+) -> QuantTensor:
+    check_fmt(fmt, FMTS)
+    check_num_per_channels(num_per_channels)
+    _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if stochastic_cast:
+        raise NotImplementedError(
+            "stochastic_cast=True is not built yet in tilebake (stochastic rounding comes in a later version); "
+            "use stochastic_cast=False"
+        )
+    data_in, in_dtype, num_tokens, hidden, x_sf, block = _parse_x(x, x_block_size)
+    num_groups = ceil_div(hidden, num_per_channels)
+    sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
+    if out is not None:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(f"out must be a (data, sf) pair of tensors, got {type(out).__name__}")
+        _check_data_out(out[0], "out[0]", num_tokens, hidden, fmt, data_in)
+        _check_any_sf(out[1], "out[1]", num_tokens, num_groups, sf_mode, data_in)
+
+    if not data_in.is_cuda:  # the slow path: the reference builds the same layouts itself
+        from tilebake.torch import cast
+
+        result = cast(
+            x, fmt, (1, num_per_channels), x_block_size, round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
+            use_tma_aligned_col_major_sf=col_major, use_e4m3_sf=use_e4m3_sf, amax_clamp=clamp,
+        )  # fmt: skip
+        if out is None:
+            return result
+        out[0].copy_(result[0])
+        out[1].copy_(result[1])
+        return out
+
+    if out is None:
+        data = _alloc_data(data_in, num_tokens, hidden, fmt)
+        sf = _alloc_any_sf(data_in, num_tokens, num_groups, sf_mode, col_major)
+    else:
+        data, sf = out
+    if num_tokens:
+        _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, 1, hidden)
+    return data, sf
+
+
+def _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, store_data, hidden):
+    """One launch of build_runtime_sf's kernel; `data` may be None when store_data is 0."""
+    if in_dtype == "e2m1":
+        if data_in.data_ptr() % 8:
+            raise ValueError(f"x[0] must start at an 8-byte aligned address, got {data_in.data_ptr():#x}")
+    else:
+        check_aligned(data_in.data_ptr(), "x[0]" if x_sf is not None else "x")
+    y_ptr, y_stride = 0, 0
+    if data is not None:
+        y_ptr, y_stride = data.data_ptr(), data.stride(0)
+        if y_ptr % (8 if fmt == "e2m1" else 16):
+            raise ValueError(
+                f"out must start at a {8 if fmt == 'e2m1' else 16}-byte aligned address "
+                f"(a view with a misaligned offset?), got {y_ptr:#x}"
+            )
+    sf_stride_t, sf_stride_g = _sf_strides(sf, sf_mode)
+    num_tokens = data_in.shape[0]
+    sf_ptr = sf.data_ptr()
+    args = (
+        data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data,
+        num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
+    )  # fmt: skip
+    key = (in_dtype, fmt, num_per_channels, "runtime")
+    if x_sf is None:
+        _RUNTIME_KERNELS[key](data_in.get_device(), *args)
+        return
+    kind = _X_SF_KINDS[x_sf.dtype]
+    x_sf_ptr = x_sf.data_ptr()
+    x_sf_stride_t, x_sf_stride_g = sf_strides_for_kernel(x_sf, kind == X_SF_UE8M0)
+    _QUANTIZED_KERNELS[key](
+        data_in.get_device(),
+        *args, x_sf_ptr, x_sf_ptr, x_sf_ptr, kind, block[0], block[1], x_sf_stride_t, x_sf_stride_g,
+    )  # fmt: skip
+
+
+def per_token_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out_sf: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Only the scale factors `per_token_cast` would return for the same arguments (same
+    layouts and dtypes); the quantized data is not written. x: (T, H) bf16/fp32 as there."""
+    check_fmt(fmt, FMTS)
+    check_num_per_channels(num_per_channels)
+    _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_sf_only")
+    num_groups = ceil_div(hidden, num_per_channels)
+    sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if out_sf is not None:
+        if use_tma_aligned_col_major_sf:
+            raise ValueError(
+                "out_sf with use_tma_aligned_col_major_sf=True is not supported (as in the original); "
+                "pass out_sf=None to get a column-major SF"
+            )
+        _check_any_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in)
+    clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
+    if not data_in.is_cuda:
+        from tilebake.torch import cast
+
+        sf = cast(
+            x, fmt, (1, num_per_channels), round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
+            use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, use_e4m3_sf=use_e4m3_sf, amax_clamp=clamp,
+        )[1]  # fmt: skip
+        return sf if out_sf is None else out_sf.copy_(sf)
+    sf = out_sf
+    if sf is None:
+        sf = _alloc_any_sf(data_in, num_tokens, num_groups, sf_mode, use_tma_aligned_col_major_sf)
+    if num_tokens:
+        _launch(data_in, in_dtype, None, None, fmt, num_per_channels, None, sf, sf_mode, clamp, 0, hidden)
+    return sf
+
+
+def per_token_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_e4m3_sf: bool = False,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Quantise `x` with the given scale factors: q = x * (1 / sf) per block.
+
+    Args:
+        x: (T, H) bf16/fp32 as for `per_token_cast`.
+        sf: float32 (T, ceil(H/npc)), row-major (the last dim contiguous); not packed, not
+            column-major (as in the original).
+        use_tma_aligned_col_major_sf, use_packed_ue8m0: must be False (the SF is row-major fp32).
+        round_sf, use_e4m3_sf: describe how `sf` was made; checked for consistency only.
+        out: optional preallocated data, e4m3 (T, H) or int8 (T, H/2).
+    """
+    check_fmt(fmt, FMTS)
+    check_num_per_channels(num_per_channels)
+    _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if use_tma_aligned_col_major_sf or use_packed_ue8m0:
+        raise ValueError(
+            "per_token_cast_with_precomputed_sf needs a row-major, non-packed fp32 sf: "
+            "use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False"
+        )
+    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_precomputed_sf")
+    num_groups = ceil_div(hidden, num_per_channels)
+    _check_any_sf(sf, "sf", num_tokens, num_groups, SF_PLAIN, data_in)
+    if num_groups > 1 and num_tokens > 0 and sf.stride(1) != 1:
+        raise ValueError(f"sf must be row-major (stride(1) == 1), got strides {sf.stride()}")
+    if out is not None:
+        _check_data_out(out, "out", num_tokens, hidden, fmt, data_in)
+    if not data_in.is_cuda:
+        from tilebake.torch.cast import cast_with_precomputed_sf
+
+        data = cast_with_precomputed_sf(x, fmt, (1, num_per_channels), sf)
+        return data if out is None else out.copy_(data)
+    data = _alloc_data(data_in, num_tokens, hidden, fmt) if out is None else out
+    if num_tokens:
+        _launch(data_in, in_dtype, None, None, fmt, num_per_channels, data, sf, SF_PRECOMPUTED, 0.0, 1, hidden)
+    return data
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
