@@ -2,8 +2,9 @@
 
 from tilebake.quant.cast_back import CastBackVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
+from tilebake.quant.per_block_cast import PerBlockCastVariant
 
-VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant)
+VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant, PerBlockCastVariant)
 
 
 def all_variants():

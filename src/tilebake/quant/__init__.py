@@ -5,3 +5,10 @@ from tilebake.quant.cast_back import cast_back, per_token_cast_back
 from tilebake.quant.per_token_cast import per_token_cast
 
 __all__ = ["QuantTensor", "cast_back", "per_token_cast", "per_token_cast_back"]
+from tilebake.quant.per_block_cast import (  # noqa: E402
+    per_block_cast,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+)
+
+__all__ += ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
