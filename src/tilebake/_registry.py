@@ -3,8 +3,9 @@
 from tilebake.quant.cast_back import CastBackVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 from tilebake.quant.per_block_cast import PerBlockCastVariant
+from tilebake.quant.per_channel_cast import PerChannelCastVariant
 
-VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant, PerBlockCastVariant)
+VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant, PerBlockCastVariant, PerChannelCastVariant)
 
 
 def all_variants():

@@ -12,3 +12,6 @@ from tilebake.quant.per_block_cast import (  # noqa: E402
 )
 
 __all__ += ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_cast_with_sf_only"]
+from tilebake.quant.per_channel_cast import per_channel_cast  # noqa: E402
+
+__all__ += ["per_channel_cast"]
