@@ -154,9 +154,7 @@ def build(v: PerChannelCastVariant):
             for u in T.unroll(rows_per_thread):
                 row = bx * npt + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
                 for j in T.vectorized(VEC):
-                    ys[j] = T.cast(
-                        T.clamp(T.cast(xs[u, j], "float32") * inv[j], -FMT_MAX, FMT_MAX), "float8_e4m3fn"
-                    )
+                    ys[j] = T.cast(T.clamp(T.cast(xs[u, j], "float32") * inv[j], -FMT_MAX, FMT_MAX), "float8_e4m3fn")
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(VEC):
                         Y[row, by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * VEC + j] = ys[j]

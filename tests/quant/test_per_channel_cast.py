@@ -13,7 +13,14 @@ from tilebake.torch.cast import to_tma_aligned_col_major, unpack_ue8m0
 SF_MODES = [(False, False), (True, False), (True, True)]  # (round_sf, packed UE8M0)
 # (input kind, num_per_tokens, round_sf, packed); input kinds: bf16, fp32, and e4m3 QuantTensors
 # with (1, npc) SF as fp32 / packed UE8M0, row-major / column-major
-INPUTS = ["bf16", "fp32", "e4m3-fp32sf-npc128", "e4m3-ue8m0sf-npc32", "e4m3-fp32sf-col-npc32", "e4m3-ue8m0sf-col-npc128"]
+INPUTS = [
+    "bf16",
+    "fp32",
+    "e4m3-fp32sf-npc128",
+    "e4m3-ue8m0sf-npc32",
+    "e4m3-fp32sf-col-npc32",
+    "e4m3-ue8m0sf-col-npc128",
+]
 LAYOUTS = [(kind, npt, rs, p) for kind, npt, (rs, p) in itertools.product(INPUTS, (32, 128), SF_MODES)]
 
 
@@ -123,7 +130,9 @@ BAD_CALLS = [
         "x\\[1\\] must have shape \\(4, 1\\)",
     ),
     (
-        dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 2, dtype=torch.int32)), num_per_channels=32),
+        dict(
+            x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn), torch.ones(4, 2, dtype=torch.int32)), num_per_channels=32
+        ),
         ValueError,
         "x\\[1\\] must have shape \\(4, 1\\)",
     ),

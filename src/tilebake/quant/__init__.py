@@ -15,3 +15,6 @@ __all__ += ["per_block_cast", "per_block_cast_with_precomputed_sf", "per_block_c
 from tilebake.quant.per_channel_cast import per_channel_cast  # noqa: E402
 
 __all__ += ["per_channel_cast"]
+from tilebake.quant.per_block_cast_lossless import per_block_cast_lossless  # noqa: E402
+
+__all__ += ["per_block_cast_lossless"]

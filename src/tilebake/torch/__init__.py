@@ -3,3 +3,6 @@
 from .cast import cast, cast_back
 
 __all__ = ["cast", "cast_back"]
+from .cast_lossless import per_block_cast_lossless  # noqa: E402
+
+__all__ += ["per_block_cast_lossless"]
