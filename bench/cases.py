@@ -125,3 +125,24 @@ def per_block_cast_lossless_case(num_tokens, hidden):
 CASES["per_block_cast"] = [per_block_cast_case]
 CASES["per_channel_cast"] = [per_channel_cast_case]
 CASES["per_block_cast_lossless"] = [per_block_cast_lossless_case]
+
+
+def batched_transpose_weight_sf_case(num_tokens, hidden):
+    """num_tokens x hidden as one weight (n, k) with 128 x 128 block scales."""
+
+    def make():
+        nb, kb = ceil_div(num_tokens, 128), ceil_div(hidden, 128)
+        return ([torch.exp2(torch.randint(-20, 10, (nb, kb), device="cuda").float())],)
+
+    nb, kb = ceil_div(num_tokens, 128), ceil_div(hidden, 128)
+    return {
+        "op": "batched_transpose_weight_sf",
+        "variant": "fp32 128x128 -> UE8M0 sf0 + transposed sf1",
+        "make": make,
+        "fn": lambda sfs: tilebake.quant.batched_transpose_weight_sf(sfs, 128, [True]),
+        "ref": lambda sfs: tilebake.torch.batched_transpose_weight_sf(sfs, 128, [True]),
+        "bytes": nb * kb * 4 + nb * 128 * ceil_div(kb, 4) * 4 + kb * 128 * ceil_div(nb, 4) * 4,
+    }
+
+
+CASES["batched_transpose_weight_sf"] = [batched_transpose_weight_sf_case]

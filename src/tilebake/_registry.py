@@ -1,5 +1,6 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast_back import CastBackVariant
 from tilebake.quant.per_block_cast import PerBlockCastVariant
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
@@ -12,6 +13,7 @@ VARIANT_TYPES = (
     PerBlockCastVariant,
     PerChannelCastVariant,
     PerBlockCastLosslessVariant,
+    BatchedTransposeWeightSfVariant,
 )
 
 

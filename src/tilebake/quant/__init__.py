@@ -18,3 +18,6 @@ __all__ += ["per_channel_cast"]
 from tilebake.quant.per_block_cast_lossless import per_block_cast_lossless  # noqa: E402
 
 __all__ += ["per_block_cast_lossless"]
+from tilebake.quant.batched_transpose_weight_sf import batched_transpose_weight_sf  # noqa: E402
+
+__all__ += ["batched_transpose_weight_sf"]
