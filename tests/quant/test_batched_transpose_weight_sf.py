@@ -1,6 +1,8 @@
 """batched_transpose_weight_sf: the layout (an interpretation, see tilebake.torch.weight_sf),
 argument checks, the CPU path, and bit-exact GPU results against the reference."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -140,3 +142,28 @@ def test_gpu_rejects_non_power_of_two():
     sf[2, 3] = 0.75
     with pytest.raises(ValueError, match="sf\\[0\\]\\[2, 3\\] = 0.75"):
         tilebake.quant.batched_transpose_weight_sf([sf], 128, [True])
+
+
+# The op's module (tilebake.quant.batched_transpose_weight_sf is the function of that name).
+op_module = importlib.import_module("tilebake.quant.batched_transpose_weight_sf")
+TABLES = [(op_module._KERNELS, op_module.BatchedTransposeWeightSfVariant.all())]
+
+
+def test_kernel_parameters_match_the_launch_arguments():
+    """What the loader checks at the first GPU launch, checked here on the installed manifest:
+    every built kernel takes exactly the parameters the op passes (TileLang drops unused ones)."""
+    from tilebake._runtime import loader
+    from tilebake.errors import CorruptArtifactError
+
+    try:
+        kernels = loader.manifest()["kernels"]
+    except CorruptArtifactError:
+        pytest.skip("no compiled kernels installed")
+    checked = 0
+    for table, variants in TABLES:
+        for v in variants:
+            for entry in kernels.get(v.id, {}).values():
+                assert sorted(p["name"] for p in entry["params"]) == sorted(table.arg_names), v.id
+                checked += 1
+    if not checked:
+        pytest.skip("this op is not in the installed (partial) build")
