@@ -5,7 +5,8 @@ Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py l
 Arithmetic (../shared/spec/numerics.md): amax over the block's valid elements,
 c = max(amax, clamp); plain SF: sf = c / fmt_max, inv = fmt_max / c; round_sf:
 s = c * (1/fmt_max), sf = 2^e with e = ((bits(s) - 1) >> 23) + 1 - 127, inv = 2^-e;
-precomputed SF: inv = 1 / sf. e4m3: q = e4m3_rne(clamp(x * inv, -448, 448)); e2m1:
+precomputed SF: inv = 1 / sf. The biased exponents of sf and inv are clamped to 0..255 before
+they become fp32 bits, as the reference does (an inf in a block gives e = 128: sf = inf, inv = 0). e4m3: q = e4m3_rne(clamp(x * inv, -448, 448)); e2m1:
 the code of numerics.md step 4, two codes a byte (even element in the low nibble).
 
 Thread mapping: a CTA owns bm rows x 128 columns (whole blocks: 128 / bk of them per
@@ -146,7 +147,7 @@ def build(v: PerBlockCastVariant):
                 else:
                     inv = T.float32(0)
             elif round_sf != 0:
-                inv = T.reinterpret(T.shift_left(127 - e, 23), "float32")
+                inv = T.reinterpret(T.shift_left(T.clamp(127 - e, 0, 255), 23), "float32")
             else:
                 inv = T.float32(fmt_max) / c
             # One thread per block writes its SF: lane 0 of the pass's first row.
@@ -160,7 +161,7 @@ def build(v: PerBlockCastVariant):
                 else:
                     sf_bits = T.if_then_else(
                         round_sf != 0,
-                        T.shift_left(e + 127, 23),
+                        T.shift_left(T.clamp(e + 127, 0, 255), 23),
                         T.reinterpret(c / T.float32(fmt_max), "int32"),
                     )
                     for k in T.unroll(4):

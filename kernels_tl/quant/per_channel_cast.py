@@ -5,7 +5,8 @@ Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py l
 Arithmetic (../shared/spec/numerics.md): per column of a row block, amax over the valid
 rows, c = max(amax, clamp); plain SF: sf = c / 448, inv = 448 / c; round_sf:
 s = c * (1/448), sf = 2^e with e = ((bits(s) - 1) >> 23) + 1 - 127, inv = 2^-e;
-q = e4m3_rne(clamp(x * inv, -448, 448)). A quantized input (e4m3 data with (1, npc)
+q = e4m3_rne(clamp(x * inv, -448, 448)). Biased exponents are clamped to 0..255 before they
+become fp32 bits, as in the reference (an inf gives sf = inf, inv = 0). A quantized input (e4m3 data with (1, npc)
 SF) is first widened to x = data * sf_in (one fp32 multiply), then treated like x.
 
 Thread mapping: a CTA owns num_per_tokens rows x 128 columns. Each thread owns 8
@@ -136,7 +137,7 @@ def build(v: PerChannelCastVariant):
                 c = T.max(red[ROWS_PER_PASS, (tx % THREADS_PER_ROW) * VEC + j], amax_clamp)
                 e = ((T.reinterpret(c * T.float32(1.0 / FMT_MAX), "int32") - 1) >> 23) + 1 - 127
                 if round_sf != 0:
-                    inv[j] = T.reinterpret(T.shift_left(127 - e, 23), "float32")
+                    inv[j] = T.reinterpret(T.shift_left(T.clamp(127 - e, 0, 255), 23), "float32")
                 else:
                     inv[j] = T.float32(FMT_MAX) / c
                 # The first row of the pass writes the SF of its columns.
@@ -148,7 +149,7 @@ def build(v: PerChannelCastVariant):
                             for k in T.serial(3 - bx % 4):
                                 S8[bx // 4, col + j, bx % 4 + 1 + k] = T.uint8(0)
                     elif round_sf != 0:
-                        S32[bx, col + j] = T.reinterpret(T.shift_left(e + 127, 23), "float32")
+                        S32[bx, col + j] = T.reinterpret(T.shift_left(T.clamp(e + 127, 0, 255), 23), "float32")
                     else:
                         S32[bx, col + j] = c / T.float32(FMT_MAX)
             for u in T.unroll(rows_per_thread):
