@@ -6,8 +6,9 @@ Arithmetic (../shared/spec/numerics.md): amax over the block's valid elements,
 c = max(amax, clamp); plain SF: sf = c / fmt_max, inv = fmt_max / c; round_sf:
 s = c * (1/fmt_max), sf = 2^e with e = ((bits(s) - 1) >> 23) + 1 - 127, inv = 2^-e;
 precomputed SF: inv = 1 / sf. The biased exponents of sf and inv are clamped to 0..255 before
-they become fp32 bits, as the reference does (an inf in a block gives e = 128: sf = inf, inv = 0). e4m3: q = e4m3_rne(clamp(x * inv, -448, 448)); e2m1:
-the code of numerics.md step 4, two codes a byte (even element in the low nibble).
+they become fp32 bits, as the reference does (an inf in a block gives e = 128: sf = inf, inv = 0).
+e4m3: q = e4m3_rne(clamp(x * inv, -448, 448)); e2m1: the code of numerics.md step 4, two codes
+a byte (even element in the low nibble).
 
 Thread mapping: a CTA owns bm rows x 128 columns (whole blocks: 128 / bk of them per
 row block). Each thread owns 16 consecutive elements in bm / 32 rows. A block's amax is
