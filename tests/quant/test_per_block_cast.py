@@ -271,3 +271,41 @@ def test_kernel_parameters_match_the_launch_arguments():
                 checked += 1
     if not checked:
         pytest.skip("this op is not in the installed (partial) build")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    """The torch.library registration (schema + Meta shapes), checked where CI runs."""
+    x = make_input(130, 256, torch.bfloat16, "cpu")
+
+    def f(x):
+        return tilebake.quant.per_block_cast(
+            x, "e2m1", (128, 32), use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True
+        )
+
+    data, sf = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    expected = reference(x, "e2m1", (128, 32), True, True, True)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert sf.stride() == expected[1].stride()
+    out = alloc_out(x, "e4m3", (32, 32), False, False)
+    torch.compile(
+        lambda x, d, s: tilebake.quant.per_block_cast(x, "e4m3", (32, 32), out=(d, s)),
+        fullgraph=True,
+        backend="aot_eager",
+    )(x, *out)
+    expected = reference(x, "e4m3", (32, 32), False, False, False)
+    assert_bytes_equal(out[0], expected[0], "out data")
+    assert_bytes_equal(out[1], expected[1], "out sf")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    x = make_input(300, 1024, torch.bfloat16, "cuda")
+
+    def f(x):
+        return tilebake.quant.per_block_cast(x, "e4m3", (128, 128), round_sf=True, use_packed_ue8m0=True)
+
+    data, sf = torch.compile(f, fullgraph=True)(x)
+    expected = reference(x, "e4m3", (128, 128), True, True, False)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")

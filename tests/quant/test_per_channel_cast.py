@@ -225,3 +225,20 @@ def test_kernel_parameters_match_the_launch_arguments():
                 checked += 1
     if not checked:
         pytest.skip("this op is not in the installed (partial) build")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    for kind in ("bf16", "e4m3-ue8m0sf-col-npc128"):
+        x, npc = make_input(kind, 200, 256, "cpu")
+
+        def f(x):
+            return tilebake.quant.per_channel_cast(
+                x, "e4m3", 128, round_sf=True, num_per_channels=npc, use_packed_ue8m0=True
+            )
+
+        data, sf = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+        expected = tilebake.torch.cast(
+            x, "e4m3", (128, 1), x_block_size=(1, npc) if npc else None, round_sf=True, use_packed_ue8m0=True
+        )
+        assert_bytes_equal(data, expected[0], "data")
+        assert_bytes_equal(sf, expected[1], "sf")

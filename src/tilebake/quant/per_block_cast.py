@@ -177,6 +177,13 @@ def per_block_cast(
             raise TypeError(f"out must be a (data, sf) pair of tensors, got {type(out).__name__}")
         check_out_data(out[0], "out[0]", shape, dtype, x)
         check_out_sf(out[1], "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x)
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.tilebake.per_block_cast(
+                x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
+            )
+        torch.ops.tilebake.per_block_cast_out(x, fmt, bm, bk, round_sf, use_packed_ue8m0, out[0], out[1])
+        return out
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         result = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
         if out is None:
@@ -252,3 +259,43 @@ def per_block_cast_with_precomputed_sf(
     data = out if out is not None else x.new_empty(shape, dtype=dtype)
     _launch(key, _MODE_PRECOMPUTED, x, data, sf, fmt, False, False)
     return data
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace per_block_cast; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "per_block_cast(Tensor x, str fmt, int bm, int bk, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)"
+)
+_lib.define(
+    "per_block_cast_out(Tensor x, str fmt, int bm, int bk, bool round_sf, bool packed_ue8m0,"
+    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()"
+)
+
+
+def _op_impl(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
+    data, sf = per_block_cast(x, fmt, (bm, bk), col_major_sf, round_sf, packed_ue8m0)
+    return data, sf
+
+
+def _op_out_impl(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
+    per_block_cast(x, fmt, (bm, bk), round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf))
+
+
+def _meta(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
+    num_tokens, hidden = x.shape
+    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    sf = alloc_sf(x, ceil_div(num_tokens, bm), ceil_div(hidden, bk), packed_ue8m0, col_major_sf)
+    return x.new_empty(shape, dtype=dtype), sf
+
+
+def _meta_out(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
+    return None
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_block_cast", _op_impl, _key)
+    _lib.impl("per_block_cast_out", _op_out_impl, _key)
+_lib.impl("per_block_cast", _meta, "Meta")
+_lib.impl("per_block_cast_out", _meta_out, "Meta")

@@ -115,6 +115,12 @@ def per_channel_cast(
         in_sf_packed = sf_in.dtype == torch.int32
         check_out_sf(sf_in, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), in_sf_packed, data_in)
     num_row_blocks = ceil_div(num_tokens, num_per_tokens)
+    if torch.compiler.is_compiling():
+        if sf_in is None:
+            return torch.ops.tilebake.per_channel_cast(data_in, num_per_tokens, round_sf, use_packed_ue8m0)
+        return torch.ops.tilebake.per_channel_cast_quantized(
+            data_in, sf_in, num_per_tokens, num_per_channels, round_sf, use_packed_ue8m0
+        )
 
     if not data_in.is_cuda:  # the slow path: the reference
         from tilebake.torch import cast
@@ -153,3 +159,44 @@ def per_channel_cast(
             num_per_channels,
         )  # fmt: skip
     return data, sf
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace per_channel_cast; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define("per_channel_cast(Tensor x, int npt, bool round_sf, bool packed_ue8m0) -> (Tensor, Tensor)")
+_lib.define(
+    "per_channel_cast_quantized(Tensor data, Tensor sf, int npt, int npc, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(x, npt, round_sf, packed_ue8m0):
+    data, sf = per_channel_cast(x, "e4m3", npt, round_sf, None, packed_ue8m0)
+    return data, sf
+
+
+def _op_quantized_impl(data, sf, npt, npc, round_sf, packed_ue8m0):
+    out, out_sf = per_channel_cast((data, sf), "e4m3", npt, round_sf, npc, packed_ue8m0)
+    return out, out_sf
+
+
+def _meta(x, npt, round_sf, packed_ue8m0, *_):
+    num_tokens, hidden = x.shape
+    num_row_blocks = ceil_div(num_tokens, npt)
+    if packed_ue8m0:
+        sf = x.new_empty((ceil_div(num_row_blocks, 4), hidden), dtype=torch.int32)
+    else:
+        sf = x.new_empty((num_row_blocks, hidden), dtype=torch.float32)
+    return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn), sf
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_channel_cast", _op_impl, _key)
+    _lib.impl("per_channel_cast_quantized", _op_quantized_impl, _key)
+_lib.impl("per_channel_cast", _meta, "Meta")
+_lib.impl(
+    "per_channel_cast_quantized",
+    lambda data, sf, npt, npc, round_sf, packed_ue8m0: _meta(data, npt, round_sf, packed_ue8m0),
+    "Meta",
+)
