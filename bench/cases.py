@@ -92,3 +92,81 @@ def per_token_cast_sf_only_case(num_tokens, hidden):
 
 
 CASES["per_token_cast"] += [per_token_cast_nvfp4_case, per_token_cast_sf_only_case]
+from tilebake.utils import ceil_div  # noqa: E402
+
+
+def per_block_cast_case(num_tokens, hidden):
+    def make():
+        return (torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16),)
+
+    return {
+        "op": "per_block_cast",
+        "variant": "bf16->e4m3, 128x128, fp32 SF",
+        "make": make,
+        "fn": lambda x: tilebake.quant.per_block_cast(x, "e4m3", (128, 128)),
+        "ref": lambda x: tilebake.torch.cast(x, "e4m3", (128, 128)),
+        "bytes": num_tokens * hidden * (2 + 1) + ceil_div(num_tokens, 128) * ceil_div(hidden, 128) * 4,
+    }
+
+
+def per_channel_cast_case(num_tokens, hidden):
+    def make():
+        return (torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16),)
+
+    return {
+        "op": "per_channel_cast",
+        "variant": "bf16->e4m3, 128x1, fp32 SF",
+        "make": make,
+        "fn": lambda x: tilebake.quant.per_channel_cast(x, "e4m3", 128),
+        "ref": lambda x: tilebake.torch.cast(x, "e4m3", (128, 1)),
+        "bytes": num_tokens * hidden * (2 + 1) + ceil_div(num_tokens, 128) * hidden * 4,
+    }
+
+
+def per_block_cast_lossless_case(num_tokens, hidden):
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda")
+        return (tilebake.torch.cast(x, "e2m1", (1, 32), round_sf=True, use_packed_ue8m0=True),)
+
+    return {
+        "op": "per_block_cast_lossless",
+        "variant": "e2m1 1x32 UE8M0 -> e4m3 128x128 UE8M0",
+        "make": make,
+        "fn": lambda q: tilebake.quant.per_block_cast_lossless(
+            q, "e4m3", (1, 32), (128, 128), round_sf=True, use_packed_ue8m0=True
+        ),
+        "ref": lambda q: tilebake.torch.per_block_cast_lossless(
+            q, "e4m3", (1, 32), (128, 128), round_sf=True, use_packed_ue8m0=True, on_error="nan"
+        ),
+        # e2m1 in (half a byte), its UE8M0 SF (a byte per 32), e4m3 out, packed SF out
+        "bytes": num_tokens * hidden // 2
+        + num_tokens * hidden // 32
+        + num_tokens * hidden
+        + ceil_div(num_tokens, 128) * ceil_div(ceil_div(hidden, 128), 4) * 4,
+    }
+
+
+CASES["per_block_cast"] = [per_block_cast_case]
+CASES["per_channel_cast"] = [per_channel_cast_case]
+CASES["per_block_cast_lossless"] = [per_block_cast_lossless_case]
+
+
+def batched_transpose_weight_sf_case(num_tokens, hidden):
+    """num_tokens x hidden as one weight (n, k) with 128 x 128 block scales."""
+
+    def make():
+        nb, kb = ceil_div(num_tokens, 128), ceil_div(hidden, 128)
+        return ([torch.exp2(torch.randint(-20, 10, (nb, kb), device="cuda").float())],)
+
+    nb, kb = ceil_div(num_tokens, 128), ceil_div(hidden, 128)
+    return {
+        "op": "batched_transpose_weight_sf",
+        "variant": "fp32 128x128 -> UE8M0 sf0 + transposed sf1",
+        "make": make,
+        "fn": lambda sfs: tilebake.quant.batched_transpose_weight_sf(sfs, 128, [True]),
+        "ref": lambda sfs: tilebake.torch.batched_transpose_weight_sf(sfs, 128, [True]),
+        "bytes": nb * kb * 4 + nb * 128 * ceil_div(kb, 4) * 4 + kb * 128 * ceil_div(nb, 4) * 4,
+    }
+
+
+CASES["batched_transpose_weight_sf"] = [batched_transpose_weight_sf_case]

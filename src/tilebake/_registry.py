@@ -1,9 +1,20 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast_back import CastBackVariant
+from tilebake.quant.per_block_cast import PerBlockCastVariant
+from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
+from tilebake.quant.per_channel_cast import PerChannelCastVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 
-VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant)
+VARIANT_TYPES = (
+    PerTokenCastVariant,
+    CastBackVariant,
+    PerBlockCastVariant,
+    PerChannelCastVariant,
+    PerBlockCastLosslessVariant,
+    BatchedTransposeWeightSfVariant,
+)
 
 
 def all_variants():

@@ -1,0 +1,301 @@
+"""per_block_cast (+ _with_sf_only, _with_precomputed_sf): 2-D (bm x bk) block quantisation
+to FP8 e4m3 or FP4 e2m1, the weight cast.
+
+Validate, allocate, launch. The kernel is kernels_tl/quant/per_block_cast.py; the reference
+(and the CPU path) is tilebake.torch.cast with block (bm, bk) and cast_with_precomputed_sf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import (
+    QuantTensor,
+    alloc_sf,
+    check_aligned,
+    check_fmt,
+    check_out_data,
+    check_out_sf,
+    check_rows,
+    check_sf_options,
+)
+from tilebake.utils import ceil_div
+
+BLOCK_SIZES = (32, 128)
+_FORMATS = ("e4m3", "e2m1")
+_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_MODE_CAST, _MODE_SF_ONLY, _MODE_PRECOMPUTED = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class PerBlockCastVariant(Variant):
+    family = "quant"
+    op = "per_block_cast"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    fmt: str  # 'e4m3' | 'e2m1'
+    block_m: int
+    block_k: int
+
+    @classmethod
+    def all(cls):
+        return tuple(
+            cls(in_dtype, fmt, bm, bk)
+            for in_dtype, fmt, bm, bk in itertools.product(("bf16", "fp32"), _FORMATS, BLOCK_SIZES, BLOCK_SIZES)
+        )
+
+
+def check_block_size(block_size, name: str = "block_size") -> tuple[int, int]:
+    try:
+        bm, bk = block_size
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair (bm, bk) with bm, bk in {BLOCK_SIZES}, got {block_size!r}") from None
+    if bm not in BLOCK_SIZES or bk not in BLOCK_SIZES or isinstance(bm, bool) or isinstance(bk, bool):
+        raise ValueError(f"{name} must be a pair (bm, bk) with bm, bk in {BLOCK_SIZES}, got {block_size!r}")
+    return int(bm), int(bk)
+
+
+def _check_x(x) -> str:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    in_dtype = _IN_DTYPES.get(x.dtype)
+    if in_dtype is None:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    return in_dtype
+
+
+def _check_flags(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0) -> None:
+    for name, value in (
+        ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
+        ("round_sf", round_sf),
+        ("use_packed_ue8m0", use_packed_ue8m0),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    check_sf_options(round_sf, use_packed_ue8m0)
+
+
+def _data_shape(fmt: str, num_tokens: int, hidden: int) -> tuple[tuple[int, int], torch.dtype]:
+    if fmt == "e2m1":
+        return (num_tokens, hidden // 2), torch.int8
+    return (num_tokens, hidden), torch.float8_e4m3fn
+
+
+_KERNELS = KernelTable(
+    PerBlockCastVariant,
+    (
+        "X", "Y", "S", "amax_clamp", "mode", "round_sf", "packed_sf", "sf_stride_m", "sf_stride_k",
+        "num_tokens", "hidden", "x_stride", "y_stride",
+    ),
+)  # fmt: skip
+
+
+def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> None:
+    num_tokens, hidden = x.shape
+    if num_tokens == 0 or hidden == 0:
+        return
+    x_ptr = x.data_ptr()
+    data_ptr = data.data_ptr() if data is not None else x_ptr
+    if (x_ptr | data_ptr) % 16:
+        check_aligned(x_ptr, "x")
+        check_aligned(data_ptr, "out")
+    size = sf.element_size()
+    _KERNELS[key](
+        x.get_device(),
+        x_ptr, data_ptr, sf.data_ptr(), config.get_amax_clamp_for_quant(fmt, False),
+        mode, int(round_sf), int(packed), sf.stride(0) * size, sf.stride(1) * size,
+        num_tokens, hidden, x.stride(0), data.stride(0) if data is not None else 0,
+    )  # fmt: skip
+
+
+def _reference(x, fmt, bm, bk, col, round_sf, packed):
+    from tilebake.torch import cast
+
+    return cast(
+        x,
+        fmt,
+        (bm, bk),
+        round_sf=round_sf,
+        use_packed_ue8m0=packed,
+        use_tma_aligned_col_major_sf=col,
+        amax_clamp=config.get_amax_clamp_for_quant(fmt, False),
+    )
+
+
+def _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
+    in_dtype = _check_x(x)
+    check_fmt(fmt, _FORMATS)
+    bm, bk = check_block_size(block_size)
+    _check_flags(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    # e2m1 rows of H / 2 bytes must stay 16-byte aligned, as x's rows are.
+    num_tokens, hidden = check_rows(x, "x", hidden_multiple=32 if fmt == "e2m1" else 16)
+    return (in_dtype, fmt, bm, bk), num_tokens, hidden
+
+
+def per_block_cast(
+    x: torch.Tensor,
+    fmt: str,
+    block_size,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out: Optional[QuantTensor] = None,
+) -> QuantTensor:
+    """Quantise `x` in 2-D blocks of `block_size = (bm, bk)` rows x columns (weights).
+
+    Args:
+        x: (T, H) bf16 or fp32, last dim contiguous, rows 16-byte aligned, H a multiple of 16
+            (of 32 for e2m1).
+            Unlike the original (T and H multiples of 128), partial edge blocks are allowed
+            and scaled over their valid elements.
+        fmt: 'e4m3' (data float8_e4m3fn (T, H)) or 'e2m1' (int8 (T, H/2), two codes a byte,
+            the even element in the low nibble).
+        block_size: (bm, bk), each 32 or 128.
+        use_tma_aligned_col_major_sf: return the SF column-major, its row-block dim padded
+            to 16 bytes, as a (ceil(T/bm), K blocks) view with stride (1, padded).
+        round_sf: round each scale up to a power of two.
+        use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 along K (needs round_sf),
+            shape (ceil(T/bm), ceil(ceil(H/bk)/4)).
+        out: optional preallocated (data, sf) with the returned layout.
+
+    Returns:
+        (data, sf) with x ~= data * sf per block. CPU tensors take the reference path.
+    """
+    key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    _, _, bm, bk = key
+    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a (data, sf) pair of tensors, got {type(out).__name__}")
+        check_out_data(out[0], "out[0]", shape, dtype, x)
+        check_out_sf(out[1], "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x)
+    if torch.compiler.is_compiling():
+        if out is None:
+            return torch.ops.tilebake.per_block_cast(
+                x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
+            )
+        torch.ops.tilebake.per_block_cast_out(x, fmt, bm, bk, round_sf, use_packed_ue8m0, out[0], out[1])
+        return out
+    if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
+        result = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+        if out is None:
+            return result
+        out[0].copy_(result[0])
+        out[1].copy_(result[1])
+        return out
+    if out is None:
+        data = x.new_empty(shape, dtype=dtype)
+        sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    else:
+        data, sf = out
+    _launch(key, _MODE_CAST, x, data, sf, fmt, round_sf, use_packed_ue8m0)
+    return data, sf
+
+
+def per_block_cast_with_sf_only(
+    x: torch.Tensor,
+    fmt: str,
+    block_size,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out_sf: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Only the scale factors of `per_block_cast` (same arguments, same SF bytes and layout)."""
+    key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    _, _, bm, bk = key
+    num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
+    if out_sf is not None:
+        check_out_sf(out_sf, "out_sf", num_row_blocks, num_groups, use_packed_ue8m0, x)
+    if not x.is_cuda:
+        sf = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
+        return sf if out_sf is None else out_sf.copy_(sf)
+    sf = out_sf
+    if sf is None:
+        sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    _launch(key, _MODE_SF_ONLY, x, None, sf, fmt, round_sf, use_packed_ue8m0)
+    return sf
+
+
+def per_block_cast_with_precomputed_sf(
+    x: torch.Tensor,
+    fmt: str,
+    block_size,
+    sf: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Quantise `x` with a given fp32 SF (ceil(T/bm), ceil(H/bk)): q = x * (1 / sf).
+
+    `sf` may have any strides (row-major or the TMA-aligned column-major view). Packed
+    UE8M0 SF are not accepted (as in the original): use_packed_ue8m0 must be False.
+    use_tma_aligned_col_major_sf and round_sf describe how `sf` was made and do not change
+    the arithmetic; they are accepted for signature compatibility. Returns the data only.
+    """
+    key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    if use_packed_ue8m0:
+        raise ValueError("use_packed_ue8m0 must be False: a precomputed SF is fp32 (unpack UE8M0 first)")
+    _, _, bm, bk = key
+    num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
+    check_out_sf(sf, "sf", num_row_blocks, num_groups, False, x)
+    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    if out is not None:
+        check_out_data(out, "out", shape, dtype, x)
+    if not x.is_cuda:
+        from tilebake.torch.cast import cast_with_precomputed_sf
+
+        data = cast_with_precomputed_sf(x, fmt, (bm, bk), sf)
+        return data if out is None else out.copy_(data)
+    data = out if out is not None else x.new_empty(shape, dtype=dtype)
+    _launch(key, _MODE_PRECOMPUTED, x, data, sf, fmt, False, False)
+    return data
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace per_block_cast; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "per_block_cast(Tensor x, str fmt, int bm, int bk, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)"
+)
+_lib.define(
+    "per_block_cast_out(Tensor x, str fmt, int bm, int bk, bool round_sf, bool packed_ue8m0,"
+    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()"
+)
+
+
+def _op_impl(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
+    data, sf = per_block_cast(x, fmt, (bm, bk), col_major_sf, round_sf, packed_ue8m0)
+    return data, sf
+
+
+def _op_out_impl(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
+    per_block_cast(x, fmt, (bm, bk), round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf))
+
+
+def _meta(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
+    num_tokens, hidden = x.shape
+    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    sf = alloc_sf(x, ceil_div(num_tokens, bm), ceil_div(hidden, bk), packed_ue8m0, col_major_sf)
+    return x.new_empty(shape, dtype=dtype), sf
+
+
+def _meta_out(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
+    return None
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_block_cast", _op_impl, _key)
+    _lib.impl("per_block_cast_out", _op_out_impl, _key)
+_lib.impl("per_block_cast", _meta, "Meta")
+_lib.impl("per_block_cast_out", _meta_out, "Meta")

@@ -1,0 +1,158 @@
+"""per_block_cast_lossless: re-quantise packed FP4 (e2m1) blocks to FP8 (e4m3) blocks exactly.
+
+Validate, allocate, launch. The kernel is kernels_tl/quant/per_block_cast_lossless.py; the
+reference (and the CPU path) is tilebake.torch.per_block_cast_lossless (src/tilebake/torch/cast_lossless.py).
+
+Data-dependent failure (input scales that are not normal powers of two, or spread by more than
+2^11 within one output block): the CPU path raises ValueError. A GPU kernel cannot raise, so the
+offending blocks get a NaN scale (UE8M0 byte 0xFF), which poisons exactly their dequantised
+values and costs no host sync; `check=True` looks for such scales after the launch and raises
+(one device-to-host sync).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import QuantTensor, alloc_sf, check_aligned, check_fmt, check_out_sf, check_rows
+from tilebake.quant.per_block_cast import check_block_size
+from tilebake.utils import ceil_div, is_power_of_two
+
+BLOCK_SIZES = (32, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerBlockCastLosslessVariant(Variant):
+    family = "quant"
+    op = "per_block_cast_lossless"
+
+    block_m: int  # the output SF block; the input block is a runtime argument
+    block_k: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(bm, bk) for bm, bk in itertools.product(BLOCK_SIZES, BLOCK_SIZES))
+
+
+_KERNELS = KernelTable(
+    PerBlockCastLosslessVariant,
+    (
+        "X", "Y", "SIN", "S", "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m", "in_shift_k",
+        "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "hidden", "x_stride", "y_stride",
+    ),
+)  # fmt: skip
+
+
+def _check_x_block_size(x_block_size, bm: int, bk: int) -> tuple[int, int]:
+    try:
+        bm_in, bk_in = x_block_size
+        ok = (
+            not isinstance(bm_in, bool)
+            and not isinstance(bk_in, bool)
+            and isinstance(bm_in, int)
+            and isinstance(bk_in, int)
+            and is_power_of_two(bm_in)
+            and is_power_of_two(bk_in)
+            and bm_in <= bm
+            and 16 <= bk_in <= bk
+        )
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"x_block_size must be a pair of powers of two (bm_in, bk_in) with bm_in <= {bm} and "
+            f"16 <= bk_in <= {bk} (each output block a whole number of input blocks), got {x_block_size!r}"
+        )
+    return bm_in, bk_in
+
+
+def per_block_cast_lossless(
+    x: QuantTensor,
+    fmt: str,
+    x_block_size,
+    out_block_size,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    *,
+    check: bool = False,
+) -> QuantTensor:
+    """Losslessly re-quantise an FP4 (e2m1) tensor to FP8 (e4m3) with new block sizes.
+
+    New scale per output block: max(input scales) / 2^6; each e2m1 value times its scale ratio
+    is exactly an e4m3 number while the input scales of a block span at most 2^11.
+
+    Args:
+        x: (data, sf): data int8 (T, H/2), two e2m1 codes a byte (even element in the low
+            nibble), rows 16-byte aligned, H a multiple of 32; sf its power-of-two scales per
+            x_block_size block: fp32 (ceil(T/bm_in), ceil(H/bk_in)) or packed UE8M0 int32
+            (.., ceil(ceil(H/bk_in)/4)), any strides (row- or column-major).
+        fmt: 'e4m3'.
+        x_block_size: (bm_in, bk_in), powers of two, bm_in <= bm, 16 <= bk_in <= bk.
+        out_block_size: (bm, bk), each 32 or 128. T need not be a multiple of bm (nor H of bk).
+        use_tma_aligned_col_major_sf: return the SF column-major (TMA-aligned view).
+        round_sf: accepted for compatibility; the new scales are powers of two anyway.
+        use_packed_ue8m0: new SF as UE8M0 bytes packed 4 to an int32 along K.
+        check: after a GPU launch, raise ValueError if a block could not be re-quantised
+            exactly (a host sync). Without it such blocks carry a NaN scale (UE8M0 0xFF).
+
+    Returns:
+        (data e4m3 (T, H), sf) with cast_back(result) == cast_back(x) exactly.
+    """
+    check_fmt(fmt, ("e4m3",))
+    bm, bk = check_block_size(out_block_size, "out_block_size")
+    bm_in, bk_in = _check_x_block_size(x_block_size, bm, bk)
+    for name, value in (
+        ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
+        ("round_sf", round_sf),
+        ("use_packed_ue8m0", use_packed_ue8m0),
+        ("check", check),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
+    if not isinstance(x, (tuple, list)) or len(x) != 2 or not all(isinstance(t, torch.Tensor) for t in x):
+        raise TypeError(f"x must be a QuantTensor (data, sf) of two tensors, got {type(x).__name__}")
+    data, sf_in = x
+    if data.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(f"x[0] must be int8 (packed e2m1 pairs), got {data.dtype}")
+    num_tokens, half = check_rows(data, "x[0]", hidden_multiple=16)
+    hidden = 2 * half
+    in_packed = sf_in.dtype == torch.int32
+    check_out_sf(sf_in, "x[1]", ceil_div(num_tokens, bm_in), ceil_div(hidden, bk_in), in_packed, data)
+
+    if not data.is_cuda:  # the slow path: the reference (raises on a block it cannot cast exactly)
+        from tilebake.torch import per_block_cast_lossless as reference
+
+        return reference(
+            (data, sf_in), "e4m3", (bm_in, bk_in), (bm, bk), use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
+        )
+
+    out = data.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    sf = alloc_sf(data, ceil_div(num_tokens, bm), ceil_div(hidden, bk), use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    if num_tokens == 0 or hidden == 0:
+        return out, sf
+    data_ptr = data.data_ptr()
+    if data_ptr % 16:
+        check_aligned(data_ptr, "x[0]")
+    in_size, size = sf_in.element_size(), sf.element_size()  # the kernel addresses SF in bytes
+    _KERNELS[bm, bk](
+        data.get_device(),
+        data_ptr, out.data_ptr(), sf_in.data_ptr(), sf.data_ptr(),
+        int(in_packed), sf_in.stride(0) * in_size, sf_in.stride(1) * in_size,
+        bm_in.bit_length() - 1, bk_in.bit_length() - 1,
+        int(use_packed_ue8m0), sf.stride(0) * size, sf.stride(1) * size,
+        num_tokens, hidden, data.stride(0), out.stride(0),
+    )  # fmt: skip
+    if check:
+        bad = (sf.view(torch.uint8) == 0xFF) if use_packed_ue8m0 else torch.isnan(sf)
+        if bool(bad.any()):
+            raise ValueError(
+                "per_block_cast_lossless: some output blocks cannot be re-quantised exactly (their input scales "
+                "are not normal powers of two within a ratio of 2^11); their scales are NaN"
+            )
+    return out, sf

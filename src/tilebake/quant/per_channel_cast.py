@@ -1,0 +1,202 @@
+"""per_channel_cast: column-wise (num_per_tokens x 1) quantisation to FP8 e4m3.
+
+Validate, allocate, launch. The kernel is kernels_tl/quant/per_channel_cast.py; the reference
+(and the CPU path) is tilebake.torch.cast with block (num_per_tokens, 1), and with
+x_block_size (1, num_per_channels) for an already quantized input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import QuantTensor, check_aligned, check_fmt, check_out_sf, check_rows, check_sf_options
+from tilebake.utils import ceil_div
+
+NUM_PER_TOKENS = (32, 128)
+NUM_PER_CHANNELS_IN = (16, 32, 64, 128)  # SF blocks (1, npc) of a quantized input
+_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PerChannelCastVariant(Variant):
+    family = "quant"
+    op = "per_channel_cast"
+
+    in_dtype: str  # 'bf16' | 'fp32' | 'e4m3' (a QuantTensor with (1, npc) SF)
+    num_per_tokens: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, npt) for d, npt in itertools.product(("bf16", "fp32", "e4m3"), NUM_PER_TOKENS))
+
+
+_ARGS = ("X", "Y", "S32", "S8", "amax_clamp", "round_sf", "packed_sf", "num_tokens", "hidden", "x_stride")
+_KERNELS = KernelTable(PerChannelCastVariant, _ARGS)
+# A quantized input's kernel also takes its SF (the float kernels have no such parameters).
+_QUANTIZED_KERNELS = KernelTable(
+    PerChannelCastVariant, _ARGS + ("SIN", "in_sf_packed", "in_sf_stride_t", "in_sf_stride_g", "num_per_channels")
+)
+
+
+def _check_flag(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def _parse_x(x, num_per_channels):
+    """-> (in_dtype key, data tensor, input SF or None)."""
+    if isinstance(x, torch.Tensor):
+        if num_per_channels is not None:
+            raise ValueError(
+                f"num_per_channels must be None for a plain tensor x (it describes a QuantTensor's SF), "
+                f"got {num_per_channels!r}"
+            )
+        in_dtype = _IN_DTYPES.get(x.dtype)
+        if in_dtype is None:
+            raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (e4m3 data, sf)), got {x.dtype}")
+        return in_dtype, x, None
+    if not isinstance(x, (tuple, list)) or len(x) != 2 or not all(isinstance(t, torch.Tensor) for t in x):
+        raise TypeError(f"x must be a torch.Tensor or a QuantTensor (data, sf) of two tensors, got {type(x).__name__}")
+    data, sf = x
+    if data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"x[0] (the data of a QuantTensor) must be torch.float8_e4m3fn, got {data.dtype}")
+    if num_per_channels not in NUM_PER_CHANNELS_IN or isinstance(num_per_channels, bool):
+        raise ValueError(
+            f"num_per_channels (the SF block width of the QuantTensor x) must be one of {NUM_PER_CHANNELS_IN}, "
+            f"got {num_per_channels!r}"
+        )
+    return "e4m3", data, sf
+
+
+def per_channel_cast(
+    x,
+    fmt: str,
+    num_per_tokens: int,
+    round_sf: bool = False,
+    num_per_channels=None,
+    use_packed_ue8m0: bool = False,
+) -> QuantTensor:
+    """Quantise each column of `x` in blocks of `num_per_tokens` rows to FP8 e4m3.
+
+    Args:
+        x: (T, H) bf16 or fp32 (last dim contiguous, rows 16-byte aligned, H a multiple of
+            16), or a QuantTensor (data e4m3 (T, H), sf) quantised per token in (1,
+            num_per_channels) blocks, to re-scale: sf fp32 (T, ceil(H/npc)) or packed UE8M0
+            int32 (T, ceil(ceil(H/npc)/4)), row-major or TMA-aligned column-major (any
+            strides, so a slice along tokens works). T need not be a multiple of
+            num_per_tokens: the last row block is scaled over its valid rows.
+        fmt: 'e4m3'.
+        num_per_tokens: rows per scale, 32 or 128.
+        round_sf: round each scale up to a power of two.
+        num_per_channels: the SF block width of a QuantTensor x (16, 32, 64, 128); None otherwise.
+        use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 along tokens (needs
+            round_sf): int32 (ceil(ceil(T/npt)/4), H).
+
+    Returns:
+        (data, sf): e4m3 (T, H) and fp32 (ceil(T/npt), H) row-major (or the packed int32).
+        CPU tensors take the reference path.
+    """
+    check_fmt(fmt, ("e4m3",))
+    if num_per_tokens not in NUM_PER_TOKENS or isinstance(num_per_tokens, bool):
+        raise ValueError(f"num_per_tokens must be one of {NUM_PER_TOKENS}, got {num_per_tokens!r}")
+    _check_flag(round_sf, "round_sf")
+    _check_flag(use_packed_ue8m0, "use_packed_ue8m0")
+    check_sf_options(round_sf, use_packed_ue8m0)
+    in_dtype, data_in, sf_in = _parse_x(x, num_per_channels)
+    num_tokens, hidden = check_rows(data_in, "x[0]" if sf_in is not None else "x", hidden_multiple=16)
+    in_sf_packed = False
+    if sf_in is not None:
+        in_sf_packed = sf_in.dtype == torch.int32
+        check_out_sf(sf_in, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), in_sf_packed, data_in)
+    num_row_blocks = ceil_div(num_tokens, num_per_tokens)
+    if torch.compiler.is_compiling():
+        if sf_in is None:
+            return torch.ops.tilebake.per_channel_cast(data_in, num_per_tokens, round_sf, use_packed_ue8m0)
+        return torch.ops.tilebake.per_channel_cast_quantized(
+            data_in, sf_in, num_per_tokens, num_per_channels, round_sf, use_packed_ue8m0
+        )
+
+    if not data_in.is_cuda:  # the slow path: the reference
+        from tilebake.torch import cast
+
+        return cast(
+            x,
+            "e4m3",
+            (num_per_tokens, 1),
+            x_block_size=(1, num_per_channels) if sf_in is not None else None,
+            round_sf=round_sf,
+            use_packed_ue8m0=use_packed_ue8m0,
+            amax_clamp=config.get_amax_clamp_for_quant("e4m3", False),
+        )
+
+    data = data_in.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    if use_packed_ue8m0:
+        sf = data_in.new_empty((ceil_div(num_row_blocks, 4), hidden), dtype=torch.int32)
+    else:
+        sf = data_in.new_empty((num_row_blocks, hidden), dtype=torch.float32)
+    if num_tokens == 0 or hidden == 0:
+        return data, sf
+    x_ptr = data_in.data_ptr()
+    if x_ptr % 16:
+        check_aligned(x_ptr, "x[0]" if sf_in is not None else "x")
+    args = (
+        x_ptr, data.data_ptr(), sf.data_ptr(), sf.data_ptr(), config.get_amax_clamp_for_quant("e4m3", False),
+        int(round_sf), int(use_packed_ue8m0), num_tokens, hidden, data_in.stride(0),
+    )  # fmt: skip
+    if sf_in is None:
+        _KERNELS[in_dtype, num_per_tokens](data_in.get_device(), *args)
+    else:
+        size = sf_in.element_size()  # the kernel addresses the input SF in bytes
+        _QUANTIZED_KERNELS[in_dtype, num_per_tokens](
+            data_in.get_device(),
+            *args, sf_in.data_ptr(), int(in_sf_packed), sf_in.stride(0) * size, sf_in.stride(1) * size,
+            num_per_channels,
+        )  # fmt: skip
+    return data, sf
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace per_channel_cast; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define("per_channel_cast(Tensor x, int npt, bool round_sf, bool packed_ue8m0) -> (Tensor, Tensor)")
+_lib.define(
+    "per_channel_cast_quantized(Tensor data, Tensor sf, int npt, int npc, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(x, npt, round_sf, packed_ue8m0):
+    data, sf = per_channel_cast(x, "e4m3", npt, round_sf, None, packed_ue8m0)
+    return data, sf
+
+
+def _op_quantized_impl(data, sf, npt, npc, round_sf, packed_ue8m0):
+    out, out_sf = per_channel_cast((data, sf), "e4m3", npt, round_sf, npc, packed_ue8m0)
+    return out, out_sf
+
+
+def _meta(x, npt, round_sf, packed_ue8m0, *_):
+    num_tokens, hidden = x.shape
+    num_row_blocks = ceil_div(num_tokens, npt)
+    if packed_ue8m0:
+        sf = x.new_empty((ceil_div(num_row_blocks, 4), hidden), dtype=torch.int32)
+    else:
+        sf = x.new_empty((num_row_blocks, hidden), dtype=torch.float32)
+    return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn), sf
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_channel_cast", _op_impl, _key)
+    _lib.impl("per_channel_cast_quantized", _op_quantized_impl, _key)
+_lib.impl("per_channel_cast", _meta, "Meta")
+_lib.impl(
+    "per_channel_cast_quantized",
+    lambda data, sf, npt, npc, round_sf, packed_ue8m0: _meta(data, npt, round_sf, packed_ue8m0),
+    "Meta",
+)
