@@ -129,9 +129,10 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                 for s in T.unroll(lanes.bit_length() - 1):
                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                 c = T.max(amax, amax_clamp)
-                # round_sf: the power-of-two exponent of the scale, rounded up.
+                # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
+                # inf gets e = 128, whose inverse clamps to 0 (as the reference).
                 e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                inv = T.reinterpret((127 - e) << 23, "float32") if round_sf else T.float32(fmt_max) / c
+                inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32") if round_sf else T.float32(fmt_max) / c
                 owner = row < num_tokens and col < hidden and (tx % lanes) == 0
                 if packed_ue8m0:
                     if owner:
@@ -267,9 +268,10 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                     if valid:
                         inv = T.float32(1) / S[row, group]
                 else:
-                    # round_sf: the power-of-two exponent of the scale, rounded up.
+                    # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
+                # inf gets e = 128, whose inverse clamps to 0 (as the reference).
                     e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret((127 - e) << 23, "float32")
+                    inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32")
                     if sf_mode == SF_ROUND:
                         if owner:
                             S[row, group] = T.reinterpret((e + 127) << 23, "float32")

@@ -621,6 +621,17 @@ def test_gpu_e2m1_nan_inf_codes():
     assert_bytes_equal(sf, expected[1], "sf")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sf_mode", SF_MODES, ids=["plain", "round", "packed"])
+def test_gpu_e4m3_nan_inf_blocks(sf_mode):
+    """Blocks holding NaN or +-inf: the reference's data and scales, in every SF mode (with
+    round_sf an inf block's exponent is 128, whose inverse must clamp to 0, not wrap to -inf)."""
+    round_sf, packed = sf_mode
+    x = make_input(4, 256, torch.bfloat16, "cuda")
+    x[0, 3], x[1, 130], x[2, 0], x[3, 255] = float("nan"), float("inf"), float("-inf"), float("inf")
+    check_against_reference(x, 128, round_sf, packed, False)
+
+
 def test_variant_set():
     """The hot path keeps one binary per SF mode; everything else shares 32 runtime-SF kernels
     (the budget for per_token_cast + _with_sf_only + _with_precomputed_sf is 96)."""
