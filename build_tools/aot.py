@@ -45,9 +45,33 @@ def variants_by_id(ops: str = ""):
     return {v.id: v for v in variants}
 
 
+def kernel_sources(source: str) -> list[str]:
+    """`source` and every kernels_tl module it imports, transitively (read from the code, not
+    imported): what a variant's lowering depends on, so that CMake re-lowers when one changes."""
+    import ast
+
+    seen, todo = [], [source]
+    while todo:
+        path = todo.pop()
+        if path in seen or not (ROOT / path).exists():
+            continue
+        seen.append(path)
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:  # `from a.b import c`: a/b.py or a/b/c.py
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            todo += [name.replace(".", "/") + ".py" for name in names if name.startswith("kernels_tl.")]
+    return seen
+
+
 def cmd_list(args):
+    sources = {}
     for vid, v in variants_by_id(args.ops).items():
-        print(f"{vid}|kernels_tl/{v.family}/{v.op}.py")
+        source = f"kernels_tl/{v.family}/{v.op}.py"
+        if source not in sources:
+            sources[source] = ",".join(kernel_sources(source))
+        print(f"{vid}|{sources[source]}")
 
 
 def check_launch_expr(text: str, names: set[str]) -> str:
