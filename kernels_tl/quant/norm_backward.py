@@ -6,7 +6,8 @@ With r = rstd (saved by the forward), xhat = x * r, y = xhat * w * out_scale, g 
     dw     = out_scale * sum over rows of (g * xhat)
 (d y_j / d x_k = r w_j s (delta_jk - xhat_j xhat_k / H), since d r / d x_k = -r^3 x_k / H.)
 
-Persistent: `num_ctas` CTAs (a runtime dim: the shape of the partials tensor P), CTA c
+Persistent: `num_ctas` CTAs (a runtime dim: the shape of the partials tensor P; the host
+launches CTAS_PER_SM per SM), CTA c
 takes rows c, c + num_ctas, ...; each thread keeps its columns' dw in fp32 registers and
 writes them once to P[c, :] at the end; the host sums P over CTAs. No grid sync is
 needed, so the plain launcher suffices. Thread mapping: THREADS threads x VEC contiguous
@@ -22,6 +23,7 @@ PASS = THREADS * VEC  # 2048 elements
 MAX_HIDDEN = 8192
 PASSES = MAX_HIDDEN // PASS
 WARPS = THREADS // 32
+CTAS_PER_SM = 2  # the host launches min(CTAS_PER_SM * num_sms, num_tokens) CTAs
 
 # Every access is guarded per thread-vector below; TileLang's per-element guards would
 # split each 16-byte access into scalar ones.
@@ -55,6 +57,9 @@ def build(v):
         out_scale: T.float32,
     ):
         with T.Kernel(num_ctas, threads=THREADS) as c:
+            # Two CTAs per SM (the host launches 2 x num_sms): one's loads overlap the other's
+            # reduction barrier. Caps registers at 128 per thread.
+            T.annotate_min_blocks_per_sm(CTAS_PER_SM)
             # The host checks these; they make every thread-vector access whole 16-byte vectors.
             T.assume(hidden % 32 == 0)
             T.assume(g_stride % align == 0)
@@ -63,12 +68,13 @@ def build(v):
             if has_rog:
                 T.assume(rog_stride % align == 0)
             tx = T.get_thread_binding(0)
-            gw = T.alloc_local((PASSES, VEC), "float32")  # g * w * out_scale
-            xh = T.alloc_local((PASSES, VEC), "float32")  # x * rstd
+            # The row's g and x stay in registers in their own dtype (half the registers of
+            # fp32 for bf16); g * w and x * rstd are recomputed in the second pass.
+            gs = T.alloc_local((PASSES, VEC), in_dtype)
+            xs = T.alloc_local((PASSES, VEC), in_dtype)
             acc = T.alloc_local((PASSES, VEC), "float32")  # this CTA's sum of g * xhat
-            gb = T.alloc_local((VEC,), in_dtype)
-            xb = T.alloc_local((VEC,), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
+            rb = T.alloc_local((VEC,), in_dtype)
             ob = T.alloc_local((VEC,), in_dtype)
             pb = T.alloc_local((VEC,), "float32")
             # Two slots, alternating by row: one barrier per row is enough (a warp can only
@@ -78,9 +84,10 @@ def build(v):
             total = T.alloc_var("float32")
             r = T.alloc_var("float32")
             t = T.alloc_var("int32")
-            for p in T.unroll(PASSES):
-                for j in T.unroll(VEC):
-                    acc[p, j] = T.float32(0)
+            if has_weight:
+                for p in T.unroll(PASSES):
+                    for j in T.unroll(VEC):
+                        acc[p, j] = T.float32(0)
 
             for i in T.serial(T.ceildiv(num_tokens - c, num_ctas)):
                 t = c + i * num_ctas
@@ -89,20 +96,20 @@ def build(v):
                 for p in T.unroll(PASSES):
                     if p * PASS + tx * VEC < hidden:
                         for j in T.vectorized(VEC):
-                            gb[j] = G[t, p * PASS + tx * VEC + j]
+                            gs[p, j] = G[t, p * PASS + tx * VEC + j]
                         for j in T.vectorized(VEC):
-                            xb[j] = X[t, p * PASS + tx * VEC + j]
+                            xs[p, j] = X[t, p * PASS + tx * VEC + j]
                         if has_weight:
                             for j in T.vectorized(VEC):
                                 wb[j] = W[p * PASS + tx * VEC + j]
-                        for j in T.unroll(VEC):
-                            xh[p, j] = T.cast(xb[j], "float32") * r
-                            if has_weight:
-                                acc[p, j] = acc[p, j] + T.cast(gb[j], "float32") * xh[p, j]
-                                gw[p, j] = T.cast(gb[j], "float32") * (T.cast(wb[j], "float32") * out_scale)
-                            else:
-                                gw[p, j] = T.cast(gb[j], "float32") * out_scale
-                            dot = dot + gw[p, j] * xh[p, j]
+                            for j in T.unroll(VEC):
+                                xh = T.cast(xs[p, j], "float32") * r
+                                acc[p, j] = acc[p, j] + T.cast(gs[p, j], "float32") * xh
+                                dot = dot + (T.cast(gs[p, j], "float32") * (T.cast(wb[j], "float32") * out_scale)) * xh
+                        else:
+                            for j in T.unroll(VEC):
+                                xh = T.cast(xs[p, j], "float32") * r
+                                dot = dot + (T.cast(gs[p, j], "float32") * out_scale) * xh
                 # Block sum of dot: warp butterfly, then the WARPS partials in a fixed order.
                 for s in T.unroll(5):
                     dot = dot + T.shfl_xor(dot, 16 >> s)
@@ -115,14 +122,21 @@ def build(v):
                 mean = total / T.cast(hidden, "float32")
                 for p in T.unroll(PASSES):
                     if p * PASS + tx * VEC < hidden:
+                        if has_weight:
+                            for j in T.vectorized(VEC):
+                                wb[j] = W[p * PASS + tx * VEC + j]
                         if has_rog:
                             for j in T.vectorized(VEC):
-                                gb[j] = ROG[t, p * PASS + tx * VEC + j]
-                            for j in T.unroll(VEC):
-                                ob[j] = T.cast(r * (gw[p, j] - xh[p, j] * mean) + T.cast(gb[j], "float32"), in_dtype)
-                        else:
-                            for j in T.unroll(VEC):
-                                ob[j] = T.cast(r * (gw[p, j] - xh[p, j] * mean), in_dtype)
+                                rb[j] = ROG[t, p * PASS + tx * VEC + j]
+                        for j in T.unroll(VEC):
+                            xh = T.cast(xs[p, j], "float32") * r
+                            gw = T.cast(gs[p, j], "float32") * (
+                                (T.cast(wb[j], "float32") * out_scale) if has_weight else out_scale
+                            )
+                            if has_rog:
+                                ob[j] = T.cast(r * (gw - xh * mean) + T.cast(rb[j], "float32"), in_dtype)
+                            else:
+                                ob[j] = T.cast(r * (gw - xh * mean), in_dtype)
                         for j in T.vectorized(VEC):
                             DX[t, p * PASS + tx * VEC + j] = ob[j]
 
