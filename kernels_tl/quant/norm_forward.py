@@ -75,6 +75,11 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     sf_bs = T.dynamic("sf_batch_stride")
     sf_ts = T.dynamic("sf_stride_t")
     sf_gs = T.dynamic("sf_stride_g")
+    # The mega MoE SF buffer (quantised op, 2-D x, npc 32, round_sf; off when mega_block_m == 0):
+    # UE8M0 bytes [physical row, word, byte], M-major (row stride 4 bytes, word stride
+    # mm_rows * 4). Tokens come in chunks of mega_block_m, each padded to
+    # mega_aligned_block_m rows; in every 128 rows token i sits at row (i % 32) * 4 + i // 32.
+    mm_rows = T.dynamic("mm_rows")
 
     @T.prim_func
     def norm_forward_kernel(
@@ -86,6 +91,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
         YB: rows3("out_bf16", "bfloat16"),
         S: T.StridedTensor((batch, num_tokens, num_groups), (sf_bs, sf_ts, sf_gs), "float32"),
         SP: T.StridedTensor((batch, num_tokens, T.ceildiv(num_groups, 4), 4), (sf_bs, sf_ts, sf_gs, 1), "uint8"),
+        MM: T.StridedTensor((mm_rows, T.ceildiv(num_groups, 4), 4), (4, mm_rows * 4, 1), "uint8"),
         RSTD: T.Tensor((batch, num_tokens), "float32"),
         eps: T.float32,
         out_scale: T.float32,
@@ -94,6 +100,8 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
         round_sf: T.int32,
         packed: T.int32,
         with_out_bf16: T.int32,
+        mega_block_m: T.int32,
+        mega_aligned_block_m: T.int32,
     ):
         with T.Kernel(batch * num_tokens, threads=THREADS) as b:
             # Registers, so the divisions run once per CTA (not in every index).
@@ -124,6 +132,17 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             qb = T.alloc_local((VEC,), out_dtype)
             bb = T.alloc_local((VEC,), "bfloat16")
             red = T.alloc_shared((WARPS,), "float32")
+            mrow = T.alloc_var("int32")  # this token's row in the mega MoE SF buffer
+            mi = T.alloc_var("int32")
+            if quant:
+                if mega_block_m != 0:
+                    mi = ti % mega_block_m
+                    mrow = (
+                        (ti // mega_block_m) * mega_aligned_block_m
+                        + (mi // 128) * 128
+                        + (mi % 32) * 4
+                        + (mi % 128) // 32
+                    )
             ss = T.alloc_var("float32")
             ss = T.float32(0)
 
@@ -216,6 +235,8 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                                     S[bi, ti, group] = T.reinterpret((e + 127) << 23, "float32")
                                 else:
                                     S[bi, ti, group] = c / T.float32(FMT_MAX)
+                                if mega_block_m != 0:
+                                    MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
 
     return norm_forward_kernel
 

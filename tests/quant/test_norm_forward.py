@@ -122,6 +122,43 @@ def test_norm_forward_rejects_bad_arguments(overrides, exc, message):
         tilebake.quant.norm_forward(**args)
 
 
+def mega_buffer(num_tokens, hidden, block_m, device="cpu"):
+    """A poisoned mega MoE SF buffer and its (num_tokens, hidden // 128) M-major int32 view."""
+    rows = -(-num_tokens // block_m) * (-(-block_m // 128) * 128)
+    return poison_(torch.empty(hidden // 128, rows, dtype=torch.int32, device=device)).t()[:num_tokens]
+
+
+def expected_mega_rows(num_tokens, block_m):
+    """Each token's row, spelled out: chunk c of block_m tokens starts at row c * align(block_m, 128);
+    inside it, 128-token tiles are stored transposed as 4 x 32 (token i of a tile -> row (i % 32) * 4 + i // 32)."""
+    rows = []
+    aligned = -(-block_m // 128) * 128
+    for t in range(num_tokens):
+        chunk, i = divmod(t, block_m)
+        tile, j = divmod(i, 128)
+        rows.append(chunk * aligned + tile * 128 + (j % 32) * 4 + j // 32)
+    return rows
+
+
+def check_mega_moe_sf(x, block_m, **kwargs):
+    """The mega MoE SF bytes equal the packed UE8M0 SF of the normalised output, at the rows the
+    layout gives; every other row of the buffer is untouched (still poisoned)."""
+    num_tokens, hidden = x.shape
+    mega = mega_buffer(num_tokens, hidden, block_m, x.device)
+    (data, sf), y_bf16, _, _ = tilebake.quant.norm_forward_and_per_token_cast(
+        x, None, EPS, "e4m3", 32, round_sf=True, with_out_bf16=True, mega_moe_sf=mega, mega_moe_block_m=block_m,
+        **kwargs,
+    )  # fmt: skip
+    own = y_bf16 if x.dtype == torch.bfloat16 else tilebake.quant.norm_forward(x, None, EPS)[0]
+    words = cast(own, "e4m3", (1, 32), round_sf=True, use_packed_ue8m0=True)[1]
+    physical = torch.as_strided(mega, (hidden // 128, mega.stride(1)), (mega.stride(1), 1)).t()
+    rows = expected_mega_rows(num_tokens, block_m)
+    assert_bytes_equal(physical[rows], words, "mega_moe_sf rows")
+    untouched = torch.ones(physical.shape[0], dtype=torch.bool)
+    untouched[rows] = False
+    assert (physical[untouched.to(x.device)] == -1).all(), "mega_moe_sf padding rows were written"
+
+
 def _cast_args(**overrides):
     args = dict(x=torch.zeros(4, 256, dtype=torch.bfloat16), weight=None, eps=EPS, fmt="e4m3", num_per_channels=32)
     args.update(overrides)
@@ -133,7 +170,49 @@ BAD_CAST = [
     (dict(num_per_channels=64), ValueError, "num_per_channels must be one of \\(32, 128\\)"),
     (dict(num_per_channels=128, x=torch.zeros(4, 192, dtype=torch.bfloat16)), ValueError, "multiple of num_per_chan"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
-    (dict(mega_moe_sf=torch.zeros(4, 2, dtype=torch.int32), mega_moe_block_m=64), NotImplementedError, "mega_moe"),
+    (dict(mega_moe_sf=mega_buffer(4, 256, 64)), ValueError, "mega_moe_sf and mega_moe_block_m > 0 go together"),
+    (dict(mega_moe_block_m=64), ValueError, "mega_moe_sf and mega_moe_block_m > 0 go together"),
+    (dict(mega_moe_sf=mega_buffer(4, 256, 64), mega_moe_block_m=64), ValueError, "needs num_per_channels=32 and round"),
+    (
+        dict(mega_moe_sf=mega_buffer(4, 256, 64), mega_moe_block_m=64, round_sf=True, num_per_channels=128),
+        ValueError,
+        "needs num_per_channels=32 and round_sf=True",
+    ),
+    (
+        dict(
+            x=torch.zeros(4, 192, dtype=torch.bfloat16),
+            mega_moe_sf=mega_buffer(4, 192, 64),
+            mega_moe_block_m=64,
+            round_sf=True,
+        ),
+        ValueError,
+        "mega_moe_sf needs hidden % 128 == 0",
+    ),  # fmt: skip
+    (
+        dict(
+            x=torch.zeros(1, 4, 256, dtype=torch.bfloat16),
+            mega_moe_sf=mega_buffer(4, 256, 64),
+            mega_moe_block_m=64,
+            round_sf=True,
+        ),
+        ValueError,
+        "mega_moe_sf needs a 2-D x",
+    ),  # fmt: skip
+    (
+        dict(mega_moe_sf=torch.zeros(4, 2, dtype=torch.int32), mega_moe_block_m=64, round_sf=True),
+        ValueError,
+        "mega_moe_sf must be M-major",
+    ),
+    (
+        dict(mega_moe_sf=mega_buffer(4, 256, 64).float(), mega_moe_block_m=64, round_sf=True),
+        TypeError,
+        "mega_moe_sf must be torch.int32",
+    ),
+    (
+        dict(mega_moe_sf=torch.zeros(2, 64, dtype=torch.int32).t()[:4], mega_moe_block_m=64, round_sf=True),
+        ValueError,
+        "mega_moe_sf has 64 rows \\(its stride\\(1\\)\\); 4 tokens in blocks of 64 need 128",
+    ),
     (dict(out_bf16=torch.zeros(4, 256, dtype=torch.bfloat16)), ValueError, "with_out_bf16=False"),
     (
         dict(with_out_bf16=True, out_bf16=torch.zeros(4, 256, dtype=torch.float32)),
@@ -219,6 +298,11 @@ def test_cpu_cast_is_cast_of_norm_forward(dtype, npc, sf_mode):
             assert_bytes_equal(pick(data), q, "data")
             assert_bytes_equal(pick(sf), s, "sf")
             assert pick(sf).stride() == s.stride(), (pick(sf).stride(), s.stride())
+
+
+@pytest.mark.parametrize("num_tokens,block_m", [(1, 64), (130, 64), (300, 128), (300, 200), (7, 256)])
+def test_cpu_mega_moe_sf(num_tokens, block_m):
+    check_mega_moe_sf(make_input((num_tokens, 512), torch.bfloat16, "cpu"), block_m)
 
 
 def test_cpu_empty():
@@ -369,3 +453,11 @@ def test_gpu_cast_amax_clamp_is_runtime():
     assert_bytes_equal(data, expected[0], "data")
     assert_bytes_equal(sf, expected[1], "sf")
     assert torch.all(sf == torch.tensor(1e-3) / torch.tensor(448.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens,block_m", [(1, 64), (127, 64), (300, 128), (8001, 200), (1000, 256)])
+def test_gpu_mega_moe_sf(num_tokens, block_m, dtype):
+    check_mega_moe_sf(make_input((num_tokens, 7168), dtype, "cuda"), block_m)
+    check_mega_moe_sf(make_input((num_tokens, 1024), dtype, "cuda"), block_m, use_packed_ue8m0=True)

@@ -159,6 +159,7 @@ def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tup
     if quant:
         names += ["YB", "S", "SP", "amax_clamp", "round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride"]
         names += ["out_bf16_stride", "sf_batch_stride", "sf_stride_t", "sf_stride_g"]
+        names += ["MM", "mm_rows", "mega_block_m", "mega_aligned_block_m"]
     return tuple(names)
 
 
@@ -300,6 +301,53 @@ def _sf_strides3(sf: torch.Tensor, packed: bool) -> tuple[int, int, int]:
     return tuple(s * 4 for s in strides) if packed else tuple(strides)
 
 
+def mega_moe_rows(num_tokens: int, block_m: int) -> torch.Tensor:
+    """Row of each token in the mega MoE SF buffer: chunks of block_m tokens, each padded to a
+    multiple of 128 rows; within each 128 rows, token i goes to row (i % 32) * 4 + i // 32."""
+    t = torch.arange(num_tokens)
+    i = t % block_m
+    return t // block_m * align(block_m, 128) + i // 128 * 128 + i % 32 * 4 + i % 128 // 32
+
+
+def _check_mega_moe_sf(mega_moe_sf, block_m, x: torch.Tensor, num_per_channels: int, round_sf: bool) -> int:
+    """The mega MoE SF view's physical row count (its stride(1)); 0 without it."""
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 0:
+        raise ValueError(f"mega_moe_block_m must be an int >= 0, got {block_m!r}")
+    if (mega_moe_sf is None) != (block_m == 0):
+        raise ValueError(
+            f"mega_moe_sf and mega_moe_block_m > 0 go together, got mega_moe_sf="
+            f"{'None' if mega_moe_sf is None else 'a tensor'} and mega_moe_block_m={block_m}"
+        )
+    if mega_moe_sf is None:
+        return 0
+    if x.dim() != 2:
+        raise ValueError(f"mega_moe_sf needs a 2-D x, got shape {tuple(x.shape)}")
+    if num_per_channels != 32 or not round_sf:
+        raise ValueError(
+            f"mega_moe_sf needs num_per_channels=32 and round_sf=True, got {num_per_channels} and {round_sf}"
+        )
+    num_tokens, hidden = x.shape
+    if hidden % 128:
+        raise ValueError(f"mega_moe_sf needs hidden % 128 == 0, got {hidden}")
+    if not isinstance(mega_moe_sf, torch.Tensor):
+        raise TypeError(f"mega_moe_sf must be a torch.Tensor, got {type(mega_moe_sf).__name__}")
+    if mega_moe_sf.dtype != torch.int32:
+        raise TypeError(f"mega_moe_sf must be torch.int32, got {mega_moe_sf.dtype}")
+    if mega_moe_sf.shape != (num_tokens, hidden // 128):
+        raise ValueError(f"mega_moe_sf must have shape {(num_tokens, hidden // 128)}, got {tuple(mega_moe_sf.shape)}")
+    if mega_moe_sf.device != x.device:
+        raise ValueError(f"mega_moe_sf must be on {x.device} (as x), got {mega_moe_sf.device}")
+    if num_tokens > 1 and mega_moe_sf.stride(0) != 1:
+        raise ValueError(f"mega_moe_sf must be M-major (stride(0) == 1), got strides {mega_moe_sf.stride()}")
+    rows = mega_moe_sf.stride(1)
+    needed = -(-num_tokens // block_m) * align(block_m, 128)
+    if rows < needed:
+        raise ValueError(
+            f"mega_moe_sf has {rows} rows (its stride(1)); {num_tokens} tokens in blocks of {block_m} need {needed}"
+        )
+    return rows
+
+
 def norm_forward_and_per_token_cast(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -333,17 +381,18 @@ def norm_forward_and_per_token_cast(
         with_out_bf16: also return the normalised output as bf16.
         out: optional preallocated (data e4m3 like x, sf of shape x.shape[:-1] + (cols,), any strides).
         out_bf16: optional bf16 buffer like x for the normalised output (needs with_out_bf16).
-        mega_moe_sf, mega_moe_block_m: not built (NotImplementedError).
+        mega_moe_sf: optional int32 (num_tokens, hidden // 128) M-major view (stride(0) == 1) of
+            a mega MoE kernel's shared activation SF buffer, which also receives the UE8M0 SF
+            bytes (4 groups of 32 to a word): tokens are split into chunks of mega_moe_block_m,
+            each padded to a multiple of 128 rows, and in every 128 rows token i is stored at
+            row (i % 32) * 4 + i // 32 (see mega_moe_rows). Padding rows are not written.
+            Needs a 2-D x, num_per_channels == 32, round_sf and hidden % 128 == 0.
+        mega_moe_block_m: the mega MoE kernel's token block, > 0 exactly when mega_moe_sf is given.
 
     Returns:
         ((data, sf), out_bf16 or None, rstd or None, norm_input). CPU tensors take the
         reference path (same bytes).
     """
-    if mega_moe_sf is not None or mega_moe_block_m:
-        raise NotImplementedError(
-            "mega_moe_sf / mega_moe_block_m (the mega MoE SF layout) are not built yet; "
-            "use the returned SF (use_packed_ue8m0=True gives the same UE8M0 bytes)"
-        )
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in CAST_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {CAST_NUM_PER_CHANNELS}, got {num_per_channels!r}")
@@ -359,6 +408,7 @@ def norm_forward_and_per_token_cast(
     if out_bf16 is not None:
         check_like(out_bf16, "out_bf16", x, torch.bfloat16)
     num_groups = hidden // num_per_channels
+    mega_rows = _check_mega_moe_sf(mega_moe_sf, mega_moe_block_m, x, num_per_channels, round_sf)
     if out is not None:
         data, sf = out
         check_like(data, "out[0]", x, torch.float8_e4m3fn)
@@ -382,6 +432,10 @@ def norm_forward_and_per_token_cast(
             sf_b.copy_(s)
         if out_bf16 is not None:
             out_bf16.copy_(y)
+        if mega_moe_sf is not None:
+            words = cast(y, "e4m3", (1, 32), round_sf=True, use_packed_ue8m0=True, amax_clamp=amax_clamp)[1]
+            rows = mega_moe_rows(x.shape[0], mega_moe_block_m)
+            mega_moe_sf.as_strided((mega_rows, words.shape[1]), (1, mega_rows))[rows] = words
         if residual is not None and residual_out is not None:
             norm_input = residual_out.copy_(norm_input)
         return (data, sf), out_bf16, (rstd if with_rstd else None), norm_input
@@ -402,5 +456,7 @@ def norm_forward_and_per_token_cast(
         amax_clamp=amax_clamp, round_sf=int(bool(round_sf)), packed=int(bool(use_packed_ue8m0)),
         with_out_bf16=int(out_bf16 is not None), out_bf16_batch_stride=ob_bs, out_bf16_stride=ob_rs,
         sf_batch_stride=sf_bs, sf_stride_t=sf_ts, sf_stride_g=sf_gs,
+        MM=(mega_moe_sf if mega_moe_sf is not None else sf).data_ptr(), mm_rows=mega_rows,
+        mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
     )  # fmt: skip
     return (data, sf), out_bf16, rstd, (x if residual is None else residual_out)
