@@ -461,3 +461,20 @@ def test_gpu_cast_amax_clamp_is_runtime():
 def test_gpu_mega_moe_sf(num_tokens, block_m, dtype):
     check_mega_moe_sf(make_input((num_tokens, 7168), dtype, "cuda"), block_m)
     check_mega_moe_sf(make_input((num_tokens, 1024), dtype, "cuda"), block_m, use_packed_ue8m0=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_in_place(dtype):
+    """residual_out=residual (the residual stream updated in place) and out=x: each thread
+    reads its elements before it writes them, and a row belongs to one CTA."""
+    x = make_input((513, 7168), dtype, "cuda")
+    residual = make_input((513, 7168), dtype, "cuda")
+    weight = make_weight(7168, dtype, "cuda")
+    expected, expected_rstd, expected_input = norm_forward_ref(x, weight, EPS, residual)
+    y, rstd, norm_input = tilebake.quant.norm_forward(x, weight, EPS, residual, out=x, residual_out=residual,
+                                                      with_rstd=True)  # fmt: skip
+    assert y is x and norm_input is residual
+    torch.testing.assert_close(y, expected)
+    assert_rstd_close(rstd, expected_rstd)
+    assert_bytes_equal(norm_input, expected_input, "norm_input")
