@@ -170,3 +170,69 @@ def batched_transpose_weight_sf_case(num_tokens, hidden):
 
 
 CASES["batched_transpose_weight_sf"] = [batched_transpose_weight_sf_case]
+
+
+def norm_forward_case(num_tokens, hidden):
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        residual = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        weight = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+        return x, weight, residual
+
+    return {
+        "op": "norm_forward",
+        "variant": "bf16 RMSNorm, weight, residual add, rstd",
+        "make": make,
+        "fn": lambda x, w, r: tilebake.quant.norm_forward(x, w, 1e-6, residual=r, with_rstd=True),
+        "ref": lambda x, w, r: tilebake.torch.norm_forward_ref(x, w, 1e-6, residual=r),
+        # x, residual, weight read; out, residual_out, rstd written
+        "bytes": num_tokens * hidden * 2 * 4 + hidden * 2 + num_tokens * 4,
+    }
+
+
+def norm_forward_and_per_token_cast_case(num_tokens, hidden):
+    case = norm_forward_case(num_tokens, hidden)
+
+    def ref(x, w, r):
+        y, rstd, norm_input = tilebake.torch.norm_forward_ref(x, w, 1e-6, residual=r)
+        return tilebake.torch.cast(y, "e4m3", (1, 32), round_sf=True, use_packed_ue8m0=True), norm_input
+
+    def fn(x, w, r):
+        quant, _, _, norm_input = tilebake.quant.norm_forward_and_per_token_cast(
+            x, w, 1e-6, "e4m3", 32, residual=r, round_sf=True, use_packed_ue8m0=True
+        )
+        return quant, norm_input
+
+    case.update(
+        op="norm_forward_and_per_token_cast",
+        variant="bf16 RMSNorm + residual -> e4m3 1x32, packed UE8M0 SF",
+        fn=fn,
+        ref=ref,
+        # x, residual, weight read; e4m3 out, packed SF, residual_out written
+        bytes=num_tokens * hidden * (2 + 2 + 1 + 2) + hidden * 2 + num_tokens * (hidden // 128) * 4,
+    )
+    return case
+
+
+def norm_backward_case(num_tokens, hidden):
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        weight = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+        _, rstd, _ = tilebake.torch.norm_forward_ref(x, weight, 1e-6)
+        grad = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        return grad, x, weight, rstd
+
+    return {
+        "op": "norm_backward",
+        "variant": "bf16 RMSNorm backward, weight grad",
+        "make": make,
+        "fn": lambda g, x, w, rstd: tilebake.quant.norm_backward(g, x, w, rstd),
+        "ref": lambda g, x, w, rstd: tilebake.torch.norm_backward_ref(g, x, w, rstd),
+        # out_grad, x read, x_grad written; weight, rstd, weight_grad are small
+        "bytes": num_tokens * hidden * 2 * 3 + num_tokens * 4 + hidden * 2 * 2,
+    }
+
+
+CASES["norm_forward"] = [norm_forward_case]
+CASES["norm_forward_and_per_token_cast"] = [norm_forward_and_per_token_cast_case]
+CASES["norm_backward"] = [norm_backward_case]

@@ -2,6 +2,8 @@
 
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast_back import CastBackVariant
+from tilebake.quant.norm_backward import NormBackwardVariant
+from tilebake.quant.norm_forward import NormForwardCastVariant, NormForwardVariant
 from tilebake.quant.per_block_cast import PerBlockCastVariant
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
 from tilebake.quant.per_channel_cast import PerChannelCastVariant
@@ -14,6 +16,9 @@ VARIANT_TYPES = (
     PerChannelCastVariant,
     PerBlockCastLosslessVariant,
     BatchedTransposeWeightSfVariant,
+    NormForwardVariant,
+    NormForwardCastVariant,
+    NormBackwardVariant,
 )
 
 

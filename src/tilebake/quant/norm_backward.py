@@ -1,0 +1,156 @@
+"""norm_backward: RMSNorm backward.
+
+Validate, allocate, launch. The kernel (kernels_tl/quant/norm_backward.py) is persistent:
+min(2 * num_sms, num_tokens) CTAs each write their fp32 weight-gradient partial sums to one row
+of a (num_ctas, hidden) buffer, which torch then sums (the original syncs the grid in a
+cooperative launch instead; the plain launcher has none). The reference (and the CPU path)
+is tilebake.torch.norm_backward_ref.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant.norm_forward import (
+    _IN_DTYPES,
+    check_float,
+    check_like,
+    check_norm_rows,
+    check_pointers,
+    check_weight,
+    rows_strides,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormBackwardVariant(Variant):
+    family = "quant"
+    op = "norm_backward"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_weight: bool  # False: unit weight, no weight_grad
+    has_residual_grad: bool
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True)))
+
+
+def _arg_names(has_weight: bool, has_residual_grad: bool) -> tuple[str, ...]:
+    """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
+    names = ("G", "X", "RSTD", "DX", "out_scale", "num_tokens", "hidden", "num_ctas")
+    names += ("out_grad_stride", "x_stride", "x_grad_stride")
+    if has_weight:
+        names += ("W", "P")
+    if has_residual_grad:
+        names += ("ROG", "residual_out_grad_stride")
+    return names
+
+
+# Launch CTAS_PER_SM CTAs per SM (the kernel asks the compiler for registers to fit two), so
+# one CTA's loads overlap another's reduction barrier.
+CTAS_PER_SM = 2
+_KERNELS = {(w, r): KernelTable(NormBackwardVariant, _arg_names(w, r)) for w in (False, True) for r in (False, True)}
+_WEIGHT_GRAD_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad) -> float:
+    check_norm_rows(x, "x", 32, dims=(2,))
+    check_like(out_grad, "out_grad", x)
+    check_weight(weight, x)
+    if not isinstance(rstd, torch.Tensor):
+        raise TypeError(f"rstd must be a torch.Tensor, got {type(rstd).__name__}")
+    if rstd.dtype != torch.float32:
+        raise TypeError(f"rstd must be torch.float32, got {rstd.dtype}")
+    if rstd.shape != x.shape[:1]:
+        raise ValueError(f"rstd must have shape {tuple(x.shape[:1])} (x.shape[:-1]), got {tuple(rstd.shape)}")
+    if rstd.device != x.device:
+        raise ValueError(f"rstd must be on {x.device} (as x), got {rstd.device}")
+    if rstd.numel() > 1 and rstd.stride(0) != 1:
+        raise ValueError(f"rstd must be contiguous, got stride {rstd.stride()}")
+    if residual_out_grad is not None:
+        check_like(residual_out_grad, "residual_out_grad", x)
+    if weight_grad is not None:
+        if weight is None:
+            raise ValueError("weight_grad is given but weight is None (a unit weight has no gradient)")
+        if not isinstance(weight_grad, torch.Tensor):
+            raise TypeError(f"weight_grad must be a torch.Tensor, got {type(weight_grad).__name__}")
+        if weight_grad.dtype not in _WEIGHT_GRAD_DTYPES:
+            raise TypeError(f"weight_grad must be bfloat16 or float32, got {weight_grad.dtype}")
+        if weight_grad.shape != weight.shape:
+            raise ValueError(
+                f"weight_grad must have shape {tuple(weight.shape)} (as weight), got {tuple(weight_grad.shape)}"
+            )
+        if weight_grad.device != x.device:
+            raise ValueError(f"weight_grad must be on {x.device} (as x), got {weight_grad.device}")
+    return check_float(out_scale, "out_scale")
+
+
+def norm_backward(
+    out_grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    rstd: torch.Tensor,
+    residual_out_grad: Optional[torch.Tensor] = None,
+    out_scale: float = 1.0,
+    weight_grad: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """RMSNorm backward: the gradients of norm_forward's out w.r.t. norm_input and weight.
+
+    Args:
+        out_grad: (num_tokens, hidden) gradient of the forward's out, in x's dtype.
+        x: the forward's norm_input, (num_tokens, hidden) bf16 or fp32; last dim contiguous,
+            row stride a multiple of 16 bytes, hidden a multiple of 32 and <= 8192.
+        weight: (hidden,) in x's dtype, or None (unit weight: no weight gradient).
+        rstd: fp32 (num_tokens,), as norm_forward(..., with_rstd=True) returned it.
+        residual_out_grad: optional gradient reaching norm_input from its other uses (the
+            residual stream); added to x_grad.
+        out_scale: the forward's out_scale.
+        weight_grad: optional bf16/fp32 (hidden,) buffer the weight gradient is added to.
+
+    Returns:
+        (x_grad in x's dtype, weight_grad): weight_grad is the given buffer after the
+        addition, else a new tensor in weight's dtype; None without weight. CPU tensors take
+        the reference path.
+    """
+    out_scale = _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
+    num_tokens, hidden = x.shape
+    if not x.is_cuda or num_tokens == 0:
+        from tilebake.torch.norm import norm_backward_ref
+
+        x_grad, dw = norm_backward_ref(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+        return x_grad, _accumulate(dw, weight, weight_grad)
+
+    x_grad = torch.empty_like(x, memory_format=torch.contiguous_format)
+    num_ctas = min(CTAS_PER_SM * config.get_num_sms(), num_tokens)
+    partials = x.new_empty((num_ctas, hidden), dtype=torch.float32) if weight is not None else None
+    check_pointers(out_grad=out_grad, x=x, weight=weight, residual_out_grad=residual_out_grad)
+    args = dict(
+        G=out_grad.data_ptr(), X=x.data_ptr(), RSTD=rstd.data_ptr(), DX=x_grad.data_ptr(), out_scale=out_scale,
+        num_tokens=num_tokens, hidden=hidden, num_ctas=num_ctas, out_grad_stride=rows_strides(out_grad)[1],
+        x_stride=rows_strides(x)[1], x_grad_stride=rows_strides(x_grad)[1],
+    )  # fmt: skip
+    if weight is not None:
+        args.update(W=weight.data_ptr(), P=partials.data_ptr())
+    if residual_out_grad is not None:
+        args.update(ROG=residual_out_grad.data_ptr(), residual_out_grad_stride=rows_strides(residual_out_grad)[1])
+    has_weight, has_rog = weight is not None, residual_out_grad is not None
+    kernel = _KERNELS[has_weight, has_rog][_IN_DTYPES[x.dtype], has_weight, has_rog]
+    kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
+    return x_grad, _accumulate(partials.sum(0) if weight is not None else None, weight, weight_grad)
+
+
+def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
+    """fp32 dw added into the caller's buffer (in fp32, rounded once), or returned in weight's dtype."""
+    if dw is None:
+        return None
+    if weight_grad is None:
+        return dw.to(weight.dtype)
+    return weight_grad.copy_(weight_grad.float() + dw)

@@ -1,0 +1,462 @@
+"""norm_forward and norm_forward_and_per_token_cast: RMSNorm with an optional residual add,
+optionally followed by a per-token FP8 e4m3 cast.
+
+Validate, allocate, launch. One TileLang factory (kernels_tl/quant/norm_forward.py) serves
+both ops; the reference (and the CPU path) is tilebake.torch.norm_forward_ref, followed by
+tilebake.torch.cast for the quantised op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import (
+    QuantTensor,
+    alloc_sf,
+    check_aligned,
+    check_fmt,
+    check_sf_options,
+    sf_layout,
+)
+from tilebake.utils import align
+
+
+@dataclasses.dataclass(frozen=True)
+class NormForwardVariant(Variant):
+    family = "quant"
+    op = "norm_forward"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_weight: bool
+    has_residual: bool
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True)))
+
+
+@dataclasses.dataclass(frozen=True)
+class NormForwardCastVariant(Variant):
+    family = "quant"
+    op = "norm_forward_and_per_token_cast"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_weight: bool
+    has_residual: bool
+    num_per_channels: int  # 32 | 128; SF layout (round, packed, column-major) is runtime
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True), (32, 128)))
+
+
+# --- argument checks shared with norm_backward ---
+
+_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+MAX_HIDDEN = 8192
+
+
+def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
+    """x: a bf16/fp32 tensor of `dims` dims, 0 < hidden <= 8192 and a multiple of hidden_multiple,
+    last dim contiguous, every other stride 16-byte aligned (the kernels read whole 16-byte vectors)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _IN_DTYPES:
+        raise TypeError(f"{name} must be bfloat16 or float32, got {x.dtype}")
+    if x.dim() not in dims:
+        shapes = " or ".join({2: "(num_tokens, hidden)", 3: "(batch, num_tokens, hidden)"}[d] for d in dims)
+        raise ValueError(f"{name} must be {shapes}, got shape {tuple(x.shape)}")
+    check_rows_like(x, name, x.shape[-1], hidden_multiple)
+
+
+def check_rows_like(t, name: str, hidden: int, hidden_multiple: int = 1) -> None:
+    if not 0 < hidden <= MAX_HIDDEN or hidden % hidden_multiple:
+        raise ValueError(
+            f"{name}.shape[-1] (hidden) must be a multiple of {hidden_multiple} in [1, {MAX_HIDDEN}], got {hidden}"
+        )
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
+        if size > 1 and (stride * t.element_size()) % 16:
+            raise ValueError(
+                f"{name}'s row and batch strides must be multiples of 16 bytes, "
+                f"got strides {t.stride()} of {t.element_size()}-byte elements"
+            )
+
+
+def check_like(t, name: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """An extra input or preallocated output with x's shape (and dtype unless given), on x's
+    device, rows as the kernels read them."""
+    dtype = dtype or x.dtype
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.shape != x.shape:
+        raise ValueError(f"{name} must have shape {tuple(x.shape)} (as x), got {tuple(t.shape)}")
+    if t.device != x.device:
+        raise ValueError(f"{name} must be on {x.device} (as x), got {t.device}")
+    check_rows_like(t, name, t.shape[-1])
+
+
+def check_weight(weight, x: torch.Tensor, name: str = "weight") -> None:
+    if weight is None:
+        return
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(weight).__name__}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"{name} must have x's dtype {x.dtype}, got {weight.dtype}")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"{name} must have shape ({x.shape[-1]},) (x's hidden), got {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"{name} must be on {x.device} (as x), got {weight.device}")
+    if weight.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {weight.stride()}")
+
+
+def check_float(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    return float(value)
+
+
+def rows_strides(t: torch.Tensor) -> tuple[int, int]:
+    """(batch stride, row stride) in elements of a 2-D or 3-D tensor as the kernels take them;
+    0 for a dim of size 1 (never stepped over, and then trivially aligned)."""
+    if t.dim() == 2:
+        return 0, t.stride(0) if t.shape[0] > 1 else 0
+    return (t.stride(0) if t.shape[0] > 1 else 0), (t.stride(1) if t.shape[1] > 1 else 0)
+
+
+def check_pointers(**tensors) -> None:
+    """Kernels read and write whole 16-byte vectors from each tensor's start."""
+    for name, t in tensors.items():
+        if t is not None:
+            check_aligned(t.data_ptr(), name)
+
+
+# --- norm_forward ---
+
+
+def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tuple[str, ...]:
+    """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
+    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden"]
+    names += ["x_batch_stride", "x_stride", "out_batch_stride", "out_stride"]
+    if has_weight:
+        names += ["W"]
+    if has_residual:
+        names += ["R", "RO", "residual_batch_stride", "residual_stride", "residual_out_batch_stride"]
+        names += ["residual_out_stride"]
+    if quant:
+        names += ["YB", "S", "SP", "amax_clamp", "round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride"]
+        names += ["out_bf16_stride", "sf_batch_stride", "sf_stride_t", "sf_stride_g"]
+        names += ["MM", "mm_rows", "mega_block_m", "mega_aligned_block_m"]
+    return tuple(names)
+
+
+_FORWARD_KERNELS = {
+    (w, r): KernelTable(NormForwardVariant, _forward_arg_names(w, r, False))
+    for w in (False, True)
+    for r in (False, True)
+}
+_CAST_KERNELS = {
+    (w, r): KernelTable(NormForwardCastVariant, _forward_arg_names(w, r, True))
+    for w in (False, True)
+    for r in (False, True)
+}
+
+
+def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hidden_multiple):
+    check_norm_rows(x, "x", hidden_multiple)
+    check_weight(weight, x)
+    eps = check_float(eps, "eps")
+    out_scale = check_float(out_scale, "out_scale")
+    if residual is not None:
+        check_like(residual, "residual", x)
+        if residual_out is not None:
+            check_like(residual_out, "residual_out", x)
+    return eps, out_scale
+
+
+def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_out, rstd, **quant_args) -> None:
+    """Launch one row per CTA over batch * num_tokens rows; nothing to do for an empty x."""
+    batch, num_tokens = (1, *x.shape[:1]) if x.dim() == 2 else x.shape[:2]
+    if batch * num_tokens == 0:
+        return
+    check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
+    key = (_IN_DTYPES[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
+    x_bs, x_rs = rows_strides(x)
+    o_bs, o_rs = rows_strides(out)
+    args = dict(
+        X=x.data_ptr(), Y=out.data_ptr(), RSTD=(rstd if rstd is not None else x).data_ptr(),
+        eps=eps, out_scale=out_scale, with_rstd=int(rstd is not None),
+        batch=batch, num_tokens=num_tokens, hidden=x.shape[-1],
+        x_batch_stride=x_bs, x_stride=x_rs, out_batch_stride=o_bs, out_stride=o_rs,
+        W=weight.data_ptr() if weight is not None else 0,
+    )  # fmt: skip
+    if residual is not None:
+        r_bs, r_rs = rows_strides(residual)
+        ro_bs, ro_rs = rows_strides(residual_out)
+        args.update(
+            R=residual.data_ptr(), RO=residual_out.data_ptr(), residual_batch_stride=r_bs, residual_stride=r_rs,
+            residual_out_batch_stride=ro_bs, residual_out_stride=ro_rs,
+        )  # fmt: skip
+    args.update(quant_args)
+    kernel = table[weight is not None, residual is not None][key]
+    kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
+
+
+def norm_forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    residual: Optional[torch.Tensor] = None,
+    out_scale: float = 1.0,
+    out: Optional[torch.Tensor] = None,
+    residual_out: Optional[torch.Tensor] = None,
+    with_rstd: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """RMSNorm over the last dim, with an optional residual add.
+
+    Args:
+        x: (num_tokens, hidden) or (batch, num_tokens, hidden), bf16 or fp32; last dim
+            contiguous, other strides multiples of 16 bytes; hidden a multiple of 16, <= 8192.
+        weight: (hidden,) in x's dtype, or None (unit weight).
+        eps: added to the mean square before the reciprocal square root.
+        residual: optional, like x (same shape and dtype); norm_input = x + residual,
+            rounded to x's dtype, is what is normalised.
+        out_scale: fp32 multiplier applied to the weight.
+        out: optional preallocated output like x.
+        residual_out: optional buffer for norm_input (used only with residual).
+        with_rstd: also return rstd = 1 / sqrt(mean(norm_input^2) + eps).
+
+    Returns:
+        (out in x's dtype, rstd fp32 of shape x.shape[:-1] or None, norm_input); without
+        residual norm_input is x itself. CPU tensors take the reference path.
+    """
+    eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
+    if out is not None:
+        check_like(out, "out", x)
+    if not x.is_cuda:
+        from tilebake.torch.norm import norm_forward_ref
+
+        y, rstd, norm_input = norm_forward_ref(x, weight, eps, residual, out_scale)
+        if out is not None:
+            y = out.copy_(y)
+        if residual is not None and residual_out is not None:
+            norm_input = residual_out.copy_(norm_input)
+        return y, (rstd if with_rstd else None), norm_input
+
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
+    _launch_forward(_FORWARD_KERNELS, x, weight, eps, residual, out_scale, out, residual_out, rstd)
+    return out, rstd, (x if residual is None else residual_out)
+
+
+# --- norm_forward_and_per_token_cast ---
+
+CAST_NUM_PER_CHANNELS = (32, 128)
+
+
+def _alloc_sf_rows(x: torch.Tensor, num_groups: int, packed: bool, col_major: bool) -> torch.Tensor:
+    """SF for a 2-D or 3-D x, per (batch) matrix as per_token_cast lays them out."""
+    if x.dim() == 2:
+        return alloc_sf(x, x.shape[0], num_groups, packed, col_major)
+    batch, num_tokens = x.shape[:2]
+    dtype, cols = sf_layout(num_groups, packed)
+    if col_major:
+        padded = align(num_tokens, 4)
+        return x.new_empty((batch, cols, padded), dtype=dtype).transpose(1, 2)[:, :num_tokens]
+    return x.new_empty((batch, num_tokens, cols), dtype=dtype)
+
+
+def _check_out_sf_rows(sf, x: torch.Tensor, num_groups: int, packed: bool) -> None:
+    dtype, cols = sf_layout(num_groups, packed)
+    shape = (*x.shape[:-1], cols)
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"out[1] must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype != dtype:
+        raise TypeError(f"out[1] must be {dtype}, got {sf.dtype}")
+    if sf.shape != shape:
+        raise ValueError(f"out[1] must have shape {shape}, got {tuple(sf.shape)}")
+    if sf.device != x.device:
+        raise ValueError(f"out[1] must be on {x.device} (as x), got {sf.device}")
+
+
+def _sf_strides3(sf: torch.Tensor, packed: bool) -> tuple[int, int, int]:
+    """(batch, token, group-or-word) strides: elements for fp32 SF, bytes for packed UE8M0."""
+    strides = sf.stride() if sf.dim() == 3 else (0, *sf.stride())
+    return tuple(s * 4 for s in strides) if packed else tuple(strides)
+
+
+def mega_moe_rows(num_tokens: int, block_m: int) -> torch.Tensor:
+    """Row of each token in the mega MoE SF buffer: chunks of block_m tokens, each padded to a
+    multiple of 128 rows; within each 128 rows, token i goes to row (i % 32) * 4 + i // 32."""
+    t = torch.arange(num_tokens)
+    i = t % block_m
+    return t // block_m * align(block_m, 128) + i // 128 * 128 + i % 32 * 4 + i % 128 // 32
+
+
+def _check_mega_moe_sf(mega_moe_sf, block_m, x: torch.Tensor, num_per_channels: int, round_sf: bool) -> int:
+    """The mega MoE SF view's physical row count (its stride(1)); 0 without it."""
+    if isinstance(block_m, bool) or not isinstance(block_m, int) or block_m < 0:
+        raise ValueError(f"mega_moe_block_m must be an int >= 0, got {block_m!r}")
+    if (mega_moe_sf is None) != (block_m == 0):
+        raise ValueError(
+            f"mega_moe_sf and mega_moe_block_m > 0 go together, got mega_moe_sf="
+            f"{'None' if mega_moe_sf is None else 'a tensor'} and mega_moe_block_m={block_m}"
+        )
+    if mega_moe_sf is None:
+        return 0
+    if x.dim() != 2:
+        raise ValueError(f"mega_moe_sf needs a 2-D x, got shape {tuple(x.shape)}")
+    if num_per_channels != 32 or not round_sf:
+        raise ValueError(
+            f"mega_moe_sf needs num_per_channels=32 and round_sf=True, got {num_per_channels} and {round_sf}"
+        )
+    num_tokens, hidden = x.shape
+    if hidden % 128:
+        raise ValueError(f"mega_moe_sf needs hidden % 128 == 0, got {hidden}")
+    if not isinstance(mega_moe_sf, torch.Tensor):
+        raise TypeError(f"mega_moe_sf must be a torch.Tensor, got {type(mega_moe_sf).__name__}")
+    if mega_moe_sf.dtype != torch.int32:
+        raise TypeError(f"mega_moe_sf must be torch.int32, got {mega_moe_sf.dtype}")
+    if mega_moe_sf.shape != (num_tokens, hidden // 128):
+        raise ValueError(f"mega_moe_sf must have shape {(num_tokens, hidden // 128)}, got {tuple(mega_moe_sf.shape)}")
+    if mega_moe_sf.device != x.device:
+        raise ValueError(f"mega_moe_sf must be on {x.device} (as x), got {mega_moe_sf.device}")
+    if num_tokens > 1 and mega_moe_sf.stride(0) != 1:
+        raise ValueError(f"mega_moe_sf must be M-major (stride(0) == 1), got strides {mega_moe_sf.stride()}")
+    rows = mega_moe_sf.stride(1)
+    needed = -(-num_tokens // block_m) * align(block_m, 128)
+    if rows < needed:
+        raise ValueError(
+            f"mega_moe_sf has {rows} rows (its stride(1)); {num_tokens} tokens in blocks of {block_m} need {needed}"
+        )
+    return rows
+
+
+def norm_forward_and_per_token_cast(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    fmt: str,
+    num_per_channels: int,
+    residual: Optional[torch.Tensor] = None,
+    out_scale: float = 1.0,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    with_out_bf16: bool = False,
+    out: Optional[QuantTensor] = None,
+    out_bf16: Optional[torch.Tensor] = None,
+    residual_out: Optional[torch.Tensor] = None,
+    mega_moe_sf: Optional[torch.Tensor] = None,
+    mega_moe_block_m: int = 0,
+    with_rstd: bool = False,
+) -> tuple[QuantTensor, Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
+    """RMSNorm (as norm_forward), then a per-token FP8 e4m3 cast of the normalised output.
+
+    The normalised output is rounded to x's dtype first, so the result equals per_token_cast
+    of norm_forward's output, byte for byte.
+
+    Args:
+        x, weight, eps, residual, out_scale, residual_out, with_rstd: as norm_forward.
+        fmt: 'e4m3'.
+        num_per_channels: 32 or 128; hidden must be a multiple of it.
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0: SF layout, as per_token_cast
+            (for a 3-D x, per batch matrix).
+        with_out_bf16: also return the normalised output as bf16.
+        out: optional preallocated (data e4m3 like x, sf of shape x.shape[:-1] + (cols,), any strides).
+        out_bf16: optional bf16 buffer like x for the normalised output (needs with_out_bf16).
+        mega_moe_sf: optional int32 (num_tokens, hidden // 128) M-major view (stride(0) == 1) of
+            a mega MoE kernel's shared activation SF buffer, which also receives the UE8M0 SF
+            bytes (4 groups of 32 to a word): tokens are split into chunks of mega_moe_block_m,
+            each padded to a multiple of 128 rows, and in every 128 rows token i is stored at
+            row (i % 32) * 4 + i // 32 (see mega_moe_rows). Padding rows are not written.
+            Needs a 2-D x, num_per_channels == 32, round_sf and hidden % 128 == 0.
+        mega_moe_block_m: the mega MoE kernel's token block, > 0 exactly when mega_moe_sf is given.
+
+    Returns:
+        ((data, sf), out_bf16 or None, rstd or None, norm_input). CPU tensors take the
+        reference path (same bytes).
+    """
+    check_fmt(fmt, ("e4m3",))
+    if num_per_channels not in CAST_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
+        raise ValueError(f"num_per_channels must be one of {CAST_NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    check_sf_options(round_sf, use_packed_ue8m0)
+    eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
+    hidden = x.shape[-1]
+    if hidden % num_per_channels:
+        raise ValueError(
+            f"x.shape[-1] (hidden) must be a multiple of num_per_channels={num_per_channels}, got {hidden}"
+        )
+    if out_bf16 is not None and not with_out_bf16:
+        raise ValueError("out_bf16 is given but with_out_bf16=False; pass with_out_bf16=True to fill it")
+    if out_bf16 is not None:
+        check_like(out_bf16, "out_bf16", x, torch.bfloat16)
+    num_groups = hidden // num_per_channels
+    mega_rows = _check_mega_moe_sf(mega_moe_sf, mega_moe_block_m, x, num_per_channels, round_sf)
+    if out is not None:
+        data, sf = out
+        check_like(data, "out[0]", x, torch.float8_e4m3fn)
+        _check_out_sf_rows(sf, x, num_groups, use_packed_ue8m0)
+    else:
+        data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+        sf = _alloc_sf_rows(x, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    if with_out_bf16 and out_bf16 is None:
+        out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)
+    amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
+
+    if not x.is_cuda:  # the slow path: the references, written into the same layouts
+        from tilebake.torch import cast
+        from tilebake.torch.norm import norm_forward_ref
+
+        y, rstd, norm_input = norm_forward_ref(x, weight, eps, residual, out_scale)
+        for b, (y_b, data_b, sf_b) in enumerate(zip(*(t if x.dim() == 3 else t.unsqueeze(0) for t in (y, data, sf)))):
+            q, s = cast(y_b, "e4m3", (1, num_per_channels), round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
+                        amax_clamp=amax_clamp)  # fmt: skip
+            data_b.copy_(q)
+            sf_b.copy_(s)
+        if out_bf16 is not None:
+            out_bf16.copy_(y)
+        if mega_moe_sf is not None:
+            words = cast(y, "e4m3", (1, 32), round_sf=True, use_packed_ue8m0=True, amax_clamp=amax_clamp)[1]
+            rows = mega_moe_rows(x.shape[0], mega_moe_block_m)
+            mega_moe_sf.as_strided((mega_rows, words.shape[1]), (1, mega_rows))[rows] = words
+        if residual is not None and residual_out is not None:
+            norm_input = residual_out.copy_(norm_input)
+        return (data, sf), out_bf16, (rstd if with_rstd else None), norm_input
+
+    if residual is not None and residual_out is None:
+        residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
+    if out_bf16 is not None:
+        check_pointers(out_bf16=out_bf16)
+        ob_bs, ob_rs = rows_strides(out_bf16)
+    else:
+        ob_bs = ob_rs = 0
+    sf_bs, sf_ts, sf_gs = _sf_strides3(sf, use_packed_ue8m0)
+    _launch_forward(
+        _CAST_KERNELS, x, weight, eps, residual, out_scale, data, residual_out, rstd,
+        key_extra=(num_per_channels,),
+        YB=(out_bf16 if out_bf16 is not None else x).data_ptr(), S=sf.data_ptr(), SP=sf.data_ptr(),
+        amax_clamp=amax_clamp, round_sf=int(bool(round_sf)), packed=int(bool(use_packed_ue8m0)),
+        with_out_bf16=int(out_bf16 is not None), out_bf16_batch_stride=ob_bs, out_bf16_stride=ob_rs,
+        sf_batch_stride=sf_bs, sf_stride_t=sf_ts, sf_stride_g=sf_gs,
+        MM=(mega_moe_sf if mega_moe_sf is not None else sf).data_ptr(), mm_rows=mega_rows,
+        mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
+    )  # fmt: skip
+    return (data, sf), out_bf16, rstd, (x if residual is None else residual_out)
