@@ -2,8 +2,10 @@
 
 from tilebake.quant.cast_back import CastBackVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
+from tilebake.quant.swiglu_backward import SwigluBackwardVariant
+from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
-VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant)
+VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant, SwigluForwardVariant, SwigluBackwardVariant)
 
 
 def all_variants():
