@@ -48,7 +48,11 @@ def build(v: SwigluBackwardVariant):
     sf_stride_g = T.dynamic("sf_stride_g")
     num_groups = T.ceildiv(2 * hidden, npc)
     if v.packed_ue8m0:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, T.ceildiv(num_groups, 4), 4), (sf_stride_t, sf_stride_g, 1), "uint8"
+        sf_shape, sf_strides, sf_dtype = (
+            (num_tokens, T.ceildiv(num_groups, 4), 4),
+            (sf_stride_t, sf_stride_g, 1),
+            "uint8",
+        )  # noqa: E501
     else:
         sf_shape, sf_strides, sf_dtype = (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
 
@@ -147,25 +151,38 @@ def build(v: SwigluBackwardVariant):
                     for j in T.vectorized(VEC):
                         gs[j] = T.cast(0, grad_dtype)
                 for j in T.unroll(VEC):
-                    l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
-                    r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                    # Intermediates in registers, each computed once (if_then_else expressions
+                    # would be expanded and recomputed per use).
+                    x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                    x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
                     g = T.cast(gs[j], "float32")
-                    l_hi = l > clamp_value
-                    r_out = T.Or(r > clamp_value, r < -clamp_value)
-                    lc = T.if_then_else(l_hi, clamp_value, l)
-                    rc = T.if_then_else(r > clamp_value, clamp_value, T.if_then_else(r < -clamp_value, -clamp_value, r))
+                    lc = T.alloc_var("float32")
+                    rc = T.alloc_var("float32")
+                    den = T.alloc_var("float32")
+                    silu = T.alloc_var("float32")
+                    gw = T.alloc_var("float32")
+                    lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                    rc = T.if_then_else(
+                        x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
+                    )
                     den = T.ieee_add(T.float32(1), T.exp(-lc))
-                    sig = T.ieee_fdiv(T.float32(1), den)
                     silu = T.ieee_fdiv(lc, den)
-                    t = T.ieee_mul(silu, rc)
                     gw = T.ieee_mul(T.ieee_mul(g, w), scale)
-                    dr = T.if_then_else(r_out, T.float32(0), T.ieee_mul(gw, silu))
-                    dsilu = T.ieee_mul(sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig))))
-                    dl = T.if_then_else(l_hi, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
-                    ds[j] = T.if_then_else(valid != 0, T.if_then_else(left, dl, dr), T.float32(0))
-                    acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
                     if left:
+                        sig = T.alloc_var("float32")
+                        t = T.alloc_var("float32")
+                        sig = T.ieee_fdiv(T.float32(1), den)
+                        dsilu = T.ieee_mul(sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig))))
+                        dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
+                        ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
+                        t = T.ieee_mul(silu, rc)
+                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
                         wg = T.ieee_add(wg, T.ieee_mul(t, g))
+                    else:
+                        dr = T.if_then_else(
+                            T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
+                        )
+                        ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
                 for j in T.vectorized(VEC):
                     dxs[j] = T.cast(ds[j], out_dtype)
                 if col < 2 * hidden:

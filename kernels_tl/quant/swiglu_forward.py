@@ -25,13 +25,13 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guar
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 
 
-def swiglu_values(l, r, w, scale, clamp_value):
-    """(y, l > c, r > c, r < -c) for one element: the forward formula of torch/swiglu.py."""
-    l_hi = l > clamp_value
-    r_hi = r > clamp_value
-    r_lo = r < -clamp_value
-    lc = T.if_then_else(l_hi, clamp_value, l)
-    rc = T.if_then_else(r_hi, clamp_value, T.if_then_else(r_lo, -clamp_value, r))
+def swiglu_values(x_l, x_r, w, scale, clamp_value):
+    """(y, x_l > c, x_r > c, x_r < -c) for one element: the forward formula of torch/swiglu.py."""
+    l_hi = x_l > clamp_value
+    r_hi = x_r > clamp_value
+    r_lo = x_r < -clamp_value
+    lc = T.if_then_else(l_hi, clamp_value, x_l)
+    rc = T.if_then_else(r_hi, clamp_value, T.if_then_else(r_lo, -clamp_value, x_r))
     den = T.ieee_add(T.float32(1), T.exp(-lc))
     silu = T.ieee_fdiv(lc, den)
     y = T.ieee_mul(T.ieee_mul(T.ieee_mul(silu, rc), w), scale)
@@ -56,7 +56,11 @@ def build(v: SwigluForwardVariant):
     sf_stride_g = T.dynamic("sf_stride_g")
     num_groups = T.ceildiv(hidden, max(npc, 1))
     if v.packed_ue8m0:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, T.ceildiv(num_groups, 4), 4), (sf_stride_t, sf_stride_g, 1), "uint8"
+        sf_shape, sf_strides, sf_dtype = (
+            (num_tokens, T.ceildiv(num_groups, 4), 4),
+            (sf_stride_t, sf_stride_g, 1),
+            "uint8",
+        )  # noqa: E501
     else:
         sf_shape, sf_strides, sf_dtype = (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
 

@@ -35,7 +35,6 @@ from tilebake.quant.swiglu_forward import (
     check_swiglu_input,
     psum_args,
 )
-from tilebake.utils import ceil_div
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +81,9 @@ def _check_grad(act_x_grad, x, num_tokens, hidden) -> str:
     if name is None:
         raise TypeError(f"act_x_grad must be bfloat16 or float32, got {act_x_grad.dtype}")
     if tuple(act_x_grad.shape) != (num_tokens, hidden):
-        raise ValueError(f"act_x_grad must have shape {(num_tokens, hidden)} (x is (E, 2H)), got {tuple(act_x_grad.shape)}")
+        raise ValueError(
+            f"act_x_grad must have shape {(num_tokens, hidden)} (x is (E, 2H)), got {tuple(act_x_grad.shape)}"
+        )
     check_rows(act_x_grad, "act_x_grad", hidden_multiple=1)
     if act_x_grad.device != x.device:
         raise ValueError(f"act_x_grad must be on {x.device}, got {act_x_grad.device}")
@@ -180,7 +181,8 @@ def swiglu_backward(
     if not x.is_cuda:
         dx, wg, act = _reference(x, act_x_grad, psum, topk_weights, scale, clamp)
         return _results(dx.to(_OUT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
-    x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, _OUT_DTYPES[fmt], topk_weights, do_recompute)
+    out_dtype = _OUT_DTYPES[fmt]
+    x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, out_dtype, topk_weights, do_recompute)
     if num_tokens:
         key = (grad_dtype, grad_dtype, fmt, 0, False, False)
         _launch(_PLAIN_KERNELS, key, x, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp)
