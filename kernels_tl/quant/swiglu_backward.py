@@ -17,6 +17,7 @@ the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1.
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import per_token_sf_buffer
 from tilebake.quant.swiglu_backward import SwigluBackwardVariant
 
 THREADS = 64
@@ -44,17 +45,9 @@ def build(v: SwigluBackwardVariant):
     num_experts = T.dynamic("num_experts")
     xs_stride_t = T.dynamic("xs_stride_t")
     xs_stride_g = T.dynamic("xs_stride_g")
-    sf_stride_t = T.dynamic("sf_stride_t")
-    sf_stride_g = T.dynamic("sf_stride_g")
+    # fp32 SF [token, group] or packed UE8M0 bytes [token, word, byte]; runtime strides.
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, 2 * hidden, npc, v.packed_ue8m0)
     num_groups = T.ceildiv(2 * hidden, npc)
-    if v.packed_ue8m0:
-        sf_shape, sf_strides, sf_dtype = (
-            (num_tokens, T.ceildiv(num_groups, 4), 4),
-            (sf_stride_t, sf_stride_g, 1),
-            "uint8",
-        )  # noqa: E501
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
 
     @T.prim_func
     def swiglu_backward_kernel(

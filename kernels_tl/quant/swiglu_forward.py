@@ -17,6 +17,7 @@ per row and written to a (num_tokens, 4) int32 buffer that the host sums (no ato
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import per_token_sf_buffer
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 THREADS = 64
@@ -42,7 +43,7 @@ def build(v: SwigluForwardVariant):
     in_dtype = _DTYPES[v.in_dtype]
     out_dtype = _DTYPES[v.out_fmt]
     quantize = v.out_fmt == "e4m3"
-    npc = v.num_per_channels
+    npc = max(v.num_per_channels, VEC)  # the plain variants have no SF (and no S parameter)
     lanes = npc // VEC if quantize else 1
     fmt_max = 448.0
     cols_per_pass = THREADS * VEC
@@ -52,17 +53,9 @@ def build(v: SwigluForwardVariant):
     x_stride = T.dynamic("x_stride")
     y_stride = T.dynamic("y_stride")
     num_experts = T.dynamic("num_experts")
-    sf_stride_t = T.dynamic("sf_stride_t")
-    sf_stride_g = T.dynamic("sf_stride_g")
-    num_groups = T.ceildiv(hidden, max(npc, 1))
-    if v.packed_ue8m0:
-        sf_shape, sf_strides, sf_dtype = (
-            (num_tokens, T.ceildiv(num_groups, 4), 4),
-            (sf_stride_t, sf_stride_g, 1),
-            "uint8",
-        )  # noqa: E501
-    else:
-        sf_shape, sf_strides, sf_dtype = (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
+    # fp32 SF [token, group] or packed UE8M0 bytes [token, word, byte]; runtime strides.
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
+    num_groups = T.ceildiv(hidden, npc)
 
     @T.prim_func
     def swiglu_forward_kernel(
