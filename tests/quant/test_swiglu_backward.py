@@ -280,3 +280,56 @@ def test_gpu_empty():
     g = torch.empty(0, 128, dtype=torch.bfloat16, device="cuda")
     dx, act = F.swiglu_backward(x, g, "bf16", do_recompute=True)
     assert dx.shape == (0, 256) and act.shape == (0, 128)
+
+
+@pytest.mark.parametrize("with_options", [False, True], ids=["bare", "weights-recompute"])
+def test_cpu_torch_compile_fullgraph_traces_without_breaks(with_options):
+    """The torch.library registrations: fixed-arity ops whose optional outputs the public
+    functions drop again."""
+    psum, rows = psum_layout([5, 0, 130], extra_rows=3)
+    x, g = make_x(rows, 256, torch.float32, "cpu"), make_x(rows, 128, torch.float32, "cpu")
+    q = quantize(x, 128)
+    w = torch.rand(rows) if with_options else None
+
+    def f(x, q, g, psum, w):
+        plain = F.swiglu_backward(x, g, "bf16", psum, w, 0.5, 2.0, with_options)
+        cast = F.swiglu_backward_and_per_token_cast(
+            q, g, "e4m3", 128, psum, w, 0.5, True, True, True, 2.0, with_options
+        )
+        return plain, cast
+
+    plain, cast = torch.compile(f, fullgraph=True, backend="aot_eager")(x, q, g, psum, w)
+    for got, expected in (
+        (plain, reference(x, g, "bf16", None, psum, w, 0.5, 2.0, with_options)),
+        (cast, reference(q, g, "e4m3", 128, psum, w, 0.5, 2.0, with_options, (True, True), True)),
+    ):
+        assert len(got) == len(expected)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+            assert_bytes_equal(a, b, "output")
+            assert a.stride() == b.stride() or a.dim() == 1
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_and_cuda_graph():
+    """torch.compile(fullgraph=True) with inductor, then the same calls captured in a CUDA graph."""
+    psum, rows = psum_layout([300, 0, 129], extra_rows=3, device="cuda")
+    q = quantize(make_x(rows, 2 * 2048, torch.bfloat16, "cuda"), 128)
+    g = make_x(rows, 2048, torch.bfloat16, "cuda")
+    w = torch.rand(rows, device="cuda")
+
+    def f(q, g):
+        return F.swiglu_backward_and_per_token_cast(q, g, "e4m3", 128, psum, w, 2.0, True, True, True, 3.0, True)
+
+    expected = reference(q, g, "e4m3", 128, psum, w, 2.0, 3.0, True, (True, True), True)
+    for got in (torch.compile(f, fullgraph=True)(q, g), f(q, g)):
+        assert_bytes_equal(got[0], expected[0], "x_grad")
+        assert_bytes_equal(got[1][0], expected[1][0], "x_grad_fp8")
+        assert_bytes_equal(got[1][1], expected[1][1], "x_grad_fp8_sf")
+        assert_bytes_equal(got[3], expected[3], "act_out")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = f(q, g)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(captured[0], expected[0], "x_grad (graph)")
+    assert_bytes_equal(captured[1][0], expected[1][0], "x_grad_fp8 (graph)")

@@ -230,3 +230,53 @@ def test_gpu_empty_and_nan_free():
     x = make_x(999, 2 * 7168, torch.bfloat16, "cuda")
     data, sf = F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, clamp_value=10.0)
     assert not data.float().isnan().any() and not sf.isnan().any()
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    """The torch.library registrations (schemas + Meta shapes, clamped_count mutated in place)."""
+    psum, rows = psum_layout([5, 0, 130], extra_rows=3)
+    x, w = make_x(rows, 256, torch.bfloat16, "cpu"), torch.rand(rows)
+
+    def f(x, psum, w, counts):
+        y = F.swiglu_forward(x, "fp32", psum, w, 2.0, 1.0, counts)
+        q = F.swiglu_forward_and_per_token_cast(x, "e4m3", 32, psum, w, 2.0, True, True, True, 1.0, counts)
+        return y, q
+
+    counts = torch.zeros(4, dtype=torch.int64)
+    y, (data, sf) = torch.compile(f, fullgraph=True, backend="aot_eager")(x, psum, w, counts)
+    expected_counts = torch.zeros(4, dtype=torch.int64)
+    assert_bytes_equal(y, reference(x, "fp32", None, psum, w, 2.0, 1.0, expected_counts), "y")
+    expected = reference(x, "e4m3", 32, psum, w, 2.0, 1.0, expected_counts, (True, True), True)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert sf.stride() == expected[1].stride()
+    assert_bytes_equal(counts, expected_counts, "clamped_count")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_and_cuda_graph():
+    """torch.compile(fullgraph=True) with inductor, then the same call captured in a CUDA graph
+    (clamped_count accumulated in place in both)."""
+    psum, rows = psum_layout([300, 0, 129], extra_rows=3, device="cuda")
+    x, w = make_x(rows, 2 * 2048, torch.bfloat16, "cuda"), torch.rand(rows, device="cuda")
+
+    def f(x, counts):
+        return F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, psum, w, 2.0, True, True, True, 3.0, counts)
+
+    expected_counts = torch.zeros(4, dtype=torch.int64, device="cuda")
+    expected = reference(x, "e4m3", 128, psum, w, 2.0, 3.0, expected_counts, (True, True), True)
+    counts = torch.zeros(4, dtype=torch.int64, device="cuda")
+    data, sf = torch.compile(f, fullgraph=True)(x, counts)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert_bytes_equal(counts, expected_counts, "clamped_count")
+    f(x, counts)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        data, sf = f(x, counts)
+    counts.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(data, expected[0], "data (graph)")
+    assert_bytes_equal(sf, expected[1], "sf (graph)")
+    assert_bytes_equal(counts, expected_counts, "clamped_count (graph)")

@@ -178,6 +178,11 @@ def swiglu_backward(
         raise TypeError(f"act_x_grad must have x's dtype {x.dtype}, got {act_x_grad.dtype}")
     psum = psum_num_tokens_per_expert
     scale, clamp = _check_options(x, psum, topk_weights, routed_scaling_factor, clamp_value, num_tokens)
+    if torch.compiler.is_compiling():
+        x_grad, weight_grad, act_out = torch.ops.tilebake.swiglu_backward(
+            x, act_x_grad, fmt, psum, topk_weights, scale, clamp, bool(do_recompute)
+        )
+        return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
     if not x.is_cuda:
         dx, wg, act = _reference(x, act_x_grad, psum, topk_weights, scale, clamp)
         return _results(dx.to(_OUT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
@@ -245,6 +250,12 @@ def swiglu_backward_and_per_token_cast(
     grad_dtype = _check_grad(act_x_grad, data, num_tokens, hidden)
     psum = psum_num_tokens_per_expert
     scale, clamp = _check_options(data, psum, topk_weights, routed_scaling_factor, clamp_value, num_tokens)
+    if torch.compiler.is_compiling():
+        x_grad, q, sf, weight_grad, act_out = torch.ops.tilebake.swiglu_backward_and_per_token_cast(
+            data, x_sf, act_x_grad, num_per_channels, psum, topk_weights, scale,
+            bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, bool(do_recompute),
+        )  # fmt: skip
+        return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
     amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
     if not data.is_cuda:
         from tilebake.torch import cast
@@ -274,3 +285,68 @@ def swiglu_backward_and_per_token_cast(
         _launch(_CAST_KERNELS, key, data, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp,
                 extra)  # fmt: skip
     return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
+# The ops always return weight_grad and act_out (empty when not asked for), so their schemas
+# have a fixed arity; the public functions drop them again.
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "swiglu_backward(Tensor x, Tensor act_x_grad, str fmt, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "swiglu_backward_and_per_token_cast(Tensor x_data, Tensor x_sf, Tensor act_x_grad, int num_per_channels,"
+    " Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor, bool col_major_sf, bool round_sf,"
+    " bool packed_ue8m0, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _fill_optional(outs: tuple, g: torch.Tensor, topk_weights, do_recompute) -> tuple:
+    """(weight_grad, act_out) from a public result's tail, fresh empty tensors where absent."""
+    outs = list(outs)
+    act_out = outs.pop() if do_recompute else g.new_empty((0, g.shape[1]))
+    weight_grad = outs.pop() if topk_weights is not None else g.new_empty((0,), dtype=torch.float32)
+    return weight_grad, act_out
+
+
+def _op_impl(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
+    outs = swiglu_backward(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute)
+    return (outs[0], *_fill_optional(outs[1:], g, topk_weights, do_recompute))
+
+
+def _op_cast_impl(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
+    outs = swiglu_backward_and_per_token_cast(
+        (data, x_sf), g, "e4m3", npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute
+    )
+    return (outs[0], *outs[1], *_fill_optional(outs[2:], g, topk_weights, do_recompute))
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("swiglu_backward", _op_impl, _key)
+    _lib.impl("swiglu_backward_and_per_token_cast", _op_cast_impl, _key)
+
+
+# Shape functions as Meta kernels (what torch.compile's fake tensors run).
+def _meta_optional(g, topk_weights, do_recompute):
+    num_tokens, hidden = g.shape
+    weight_grad = g.new_empty((num_tokens if topk_weights is not None else 0,), dtype=torch.float32)
+    return weight_grad, g.new_empty((num_tokens if do_recompute else 0, hidden))
+
+
+def _meta(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
+    x_grad = g.new_empty((g.shape[0], 2 * g.shape[1]), dtype=_OUT_DTYPES[fmt])
+    return (x_grad, *_meta_optional(g, topk_weights, do_recompute))
+
+
+def _meta_cast(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
+    num_tokens, width = data.shape
+    x_grad = g.new_empty((num_tokens, width), dtype=torch.bfloat16)
+    q = data.new_empty((num_tokens, width))
+    sf = alloc_sf(data, num_tokens, width // npc, packed, col)
+    return (x_grad, q, sf, *_meta_optional(g, topk_weights, do_recompute))
+
+
+_lib.impl("swiglu_backward", _meta, "Meta")
+_lib.impl("swiglu_backward_and_per_token_cast", _meta_cast, "Meta")

@@ -215,6 +215,10 @@ def swiglu_forward(
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
     )
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.swiglu_forward(
+            x, fmt, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count
+        )
     if not x.is_cuda:
         y = _reference(x, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count)
         return y.to(_OUT_DTYPES[fmt])
@@ -259,6 +263,11 @@ def swiglu_forward_and_per_token_cast(
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
     )
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.swiglu_forward_and_per_token_cast(
+            x, num_per_channels, psum_num_tokens_per_expert, topk_weights, scale,
+            bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, clamped_count,
+        )  # fmt: skip
     amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
     if not x.is_cuda:
         from tilebake.torch import cast
@@ -282,3 +291,47 @@ def swiglu_forward_and_per_token_cast(
     _launch(_CAST_KERNELS, key, x, data, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
             clamped_count, extra=(sf.data_ptr(), sf_stride_t, sf_stride_g, amax_clamp))  # fmt: skip
     return data, sf
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "swiglu_forward(Tensor x, str fmt, Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor,"
+    " float? clamp_value, Tensor(a!)? clamped_count) -> Tensor"
+)
+_lib.define(
+    "swiglu_forward_and_per_token_cast(Tensor x, int num_per_channels, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, bool col_major_sf, bool round_sf, bool packed_ue8m0, float? clamp_value,"
+    " Tensor(a!)? clamped_count) -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    return swiglu_forward(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
+
+
+def _op_cast_impl(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
+    return swiglu_forward_and_per_token_cast(
+        x, "e4m3", npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count
+    )
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("swiglu_forward", _op_impl, _key)
+    _lib.impl("swiglu_forward_and_per_token_cast", _op_cast_impl, _key)
+
+
+# Shape functions as Meta kernels (what torch.compile's fake tensors run).
+def _meta(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=_OUT_DTYPES[fmt])
+
+
+def _meta_cast(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
+    num_tokens, hidden = x.shape[0], x.shape[1] // 2
+    data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return data, alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col_major_sf)
+
+
+_lib.impl("swiglu_forward", _meta, "Meta")
+_lib.impl("swiglu_forward_and_per_token_cast", _meta_cast, "Meta")
