@@ -34,10 +34,13 @@ def make_x(rows, width, dtype, device):
 
 
 def poison_allocator(device, nbytes=1 << 30):
-    """Fill a large block with 0xFF bytes and free it: the caching allocator hands the same memory
-    to the next allocations, so an output element a kernel forgets to write reads as NaN/0xFF."""
+    """Fill freed memory with 0xFF bytes so the next allocations get it: an output element a
+    kernel forgets to write then reads as NaN/0xFF. The caching allocator serves requests of at
+    most 1 MiB from a separate small pool, so both pools are poisoned."""
     if torch.device(device).type != "cuda":
         return
-    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    poison_(block)
-    del block
+    blocks = [torch.empty(nbytes, dtype=torch.uint8, device=device)]
+    blocks += [torch.empty(1 << 20, dtype=torch.uint8, device=device) for _ in range(16)]
+    for block in blocks:
+        poison_(block)
+    del blocks
