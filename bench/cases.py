@@ -236,3 +236,58 @@ def norm_backward_case(num_tokens, hidden):
 CASES["norm_forward"] = [norm_forward_case]
 CASES["norm_forward_and_per_token_cast"] = [norm_forward_and_per_token_cast_case]
 CASES["norm_backward"] = [norm_backward_case]
+
+
+def _moe_psum(num_tokens, num_experts=16, alignment=128):
+    """An expert layout of num_tokens rows: each expert a little short of its aligned share, so
+    experts end in padding rows (one expert owning every row when the rows are too few)."""
+    per_expert = num_tokens // num_experts // alignment * alignment
+    if per_expert == 0:
+        return torch.tensor([num_tokens], dtype=torch.int32, device="cuda")
+    ends = [e * per_expert + per_expert - (7 * e) % 100 for e in range(num_experts)]
+    return torch.tensor(ends, dtype=torch.int32, device="cuda")
+
+
+def swiglu_forward_case(num_tokens, hidden):
+    """MoE up-projection output (E, 2H) bf16 -> e4m3 (E, H), 1x128 fp32 SF, topk weights, psum layout."""
+
+    def make():
+        x = torch.randn(num_tokens, 2 * hidden, device="cuda").to(torch.bfloat16)
+        return x, _moe_psum(num_tokens), torch.rand(num_tokens, device="cuda")
+
+    return {
+        "op": "swiglu_forward",
+        "variant": "swiglu_forward_and_per_token_cast bf16 (E, 2H) -> e4m3 1x128 fp32 SF, topk weights, psum",
+        "make": make,
+        "fn": lambda x, psum, w: tilebake.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128, psum, w),
+        "ref": lambda x, psum, w: tilebake.torch.cast(tilebake.torch.swiglu_forward(x, psum, w), "e4m3", (1, 128)),
+        "bytes": num_tokens * (2 * hidden * 2 + hidden + (hidden // 128) * 4 + 4),
+    }
+
+
+def swiglu_backward_case(num_tokens, hidden):
+    """e4m3 (E, 2H) + 1x128 SF and bf16 act grad -> bf16 x_grad and its e4m3 copy (no topk weights,
+    whose reduction is not bit-exact with the reference, so the output check stays exact)."""
+
+    def make():
+        x = torch.randn(num_tokens, 2 * hidden, device="cuda").to(torch.bfloat16)
+        g = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        return tilebake.quant.per_token_cast(x, "e4m3", 128), g, _moe_psum(num_tokens)
+
+    def ref(x, g, psum):
+        dx, _, _ = tilebake.torch.swiglu_backward(x, g, psum, num_per_channels=128)
+        return dx.to(torch.bfloat16), tilebake.torch.cast(dx, "e4m3", (1, 128))
+
+    sf_bytes = num_tokens * (2 * hidden // 128) * 4
+    return {
+        "op": "swiglu_backward",
+        "variant": "swiglu_backward_and_per_token_cast e4m3 (E, 2H) 1x128 -> bf16 + e4m3 1x128 fp32 SF, psum",
+        "make": make,
+        "fn": lambda x, g, psum: tilebake.quant.swiglu_backward_and_per_token_cast(x, g, "e4m3", 128, psum),
+        "ref": ref,
+        "bytes": num_tokens * (2 * hidden + hidden * 2 + 2 * hidden * 2 + 2 * hidden) + 2 * sf_bytes,
+    }
+
+
+CASES["swiglu_forward"] = [swiglu_forward_case]
+CASES["swiglu_backward"] = [swiglu_backward_case]

@@ -8,6 +8,8 @@ from tilebake.quant.per_block_cast import PerBlockCastVariant
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
 from tilebake.quant.per_channel_cast import PerChannelCastVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
+from tilebake.quant.swiglu_backward import SwigluBackwardVariant
+from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 VARIANT_TYPES = (
     PerTokenCastVariant,
@@ -19,6 +21,8 @@ VARIANT_TYPES = (
     NormForwardVariant,
     NormForwardCastVariant,
     NormBackwardVariant,
+    SwigluForwardVariant,
+    SwigluBackwardVariant,
 )
 
 

@@ -18,6 +18,8 @@ from tilebake.quant.per_token_cast import (
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from tilebake.quant.swiglu_backward import swiglu_backward, swiglu_backward_and_per_token_cast
+from tilebake.quant.swiglu_forward import swiglu_forward, swiglu_forward_and_per_token_cast
 
 __all__ = [
     "QuantTensor",
@@ -35,4 +37,8 @@ __all__ = [
     "per_token_cast_back",
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",
+    "swiglu_backward",
+    "swiglu_backward_and_per_token_cast",
+    "swiglu_forward",
+    "swiglu_forward_and_per_token_cast",
 ]

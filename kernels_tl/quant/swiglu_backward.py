@@ -1,0 +1,226 @@
+"""Fused SwiGLU backward for MoE experts, optionally with a per-token FP8 e4m3 cast of the
+input gradient, as a TileLang factory.
+
+Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
+arithmetic is the one written out in src/tilebake/torch/swiglu.py (the bit-exact reference):
+explicit __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn, so nvcc cannot contract anything into FMAs
+the eager torch reference does not do; exp is the accurate expf.
+
+Mapping: one CTA of 64 threads per row; in pass i thread tx owns 16 consecutive columns
+c = 16 * (i * 64 + tx) of the (E, 2H) input gradient. A left column (c < H) gives d x_left[c],
+a right one d x_right[c - H]; both read x_left, x_right and act_x_grad at the same relative
+column. `npc / 16` consecutive lanes share an output SF group of the 2H-wide row (so a group
+straddling x_left and x_right, H % 128 == 64 with npc 128, needs nothing special). Left chunks
+also write act_out and accumulate weight_grad, summed per thread in column order, then across
+the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1.
+"""
+
+import tilelang.language as T
+
+from kernels_tl.quant.common import per_token_sf_buffer
+from tilebake.quant.swiglu_backward import SwigluBackwardVariant
+
+THREADS = 64
+VEC = 16
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
+_ALIGN = {"bf16": 8, "fp32": 4, "e4m3": 16}  # elements in 16 bytes
+
+
+def build(v: SwigluBackwardVariant):
+    in_dtype = _DTYPES[v.in_dtype]
+    grad_dtype = _DTYPES[v.grad_dtype]
+    out_dtype = _DTYPES[v.out_fmt]
+    quantized_in = v.in_dtype == "e4m3"
+    quantize = v.num_per_channels > 0
+    npc = max(v.num_per_channels, 16)
+    lanes = npc // VEC if quantize else 1
+    fmt_max = 448.0
+    cols_per_pass = THREADS * VEC
+
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")  # H: x is (num_tokens, 2H)
+    x_stride = T.dynamic("x_stride")
+    g_stride = T.dynamic("g_stride")
+    num_experts = T.dynamic("num_experts")
+    xs_stride_t = T.dynamic("xs_stride_t")
+    xs_stride_g = T.dynamic("xs_stride_g")
+    # fp32 SF [token, group] or packed UE8M0 bytes [token, word, byte]; runtime strides.
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, 2 * hidden, npc, v.packed_ue8m0)
+    num_groups = T.ceildiv(2 * hidden, npc)
+
+    @T.prim_func
+    def swiglu_backward_kernel(
+        X: T.StridedTensor((num_tokens, 2 * hidden), (x_stride, 1), in_dtype),
+        XS: T.StridedTensor((num_tokens, num_groups), (xs_stride_t, xs_stride_g), "float32"),  # e4m3 x only
+        G: T.StridedTensor((num_tokens, hidden), (g_stride, 1), grad_dtype),
+        DX: T.Tensor((num_tokens, 2 * hidden), out_dtype),
+        Q: T.Tensor((num_tokens, 2 * hidden), "float8_e4m3fn"),  # quantize only
+        S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),  # quantize only
+        A: T.Tensor((num_tokens, hidden), grad_dtype),
+        WG: T.Tensor((num_tokens,), "float32"),
+        W: T.Tensor((num_tokens,), "float32"),
+        P: T.Tensor((num_experts,), "int32"),
+        use_psum: T.int32,
+        search_steps: T.int32,
+        alignment: T.int32,
+        has_weights: T.int32,
+        do_recompute: T.int32,
+        scale: T.float32,
+        clamp_value: T.float32,
+        amax_clamp: T.float32,  # quantize only
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as row:
+            T.assume(x_stride % _ALIGN[v.in_dtype] == 0)
+            T.assume(g_stride % _ALIGN[v.grad_dtype] == 0)
+            T.assume(hidden % 64 == 0)
+            tx = T.get_thread_binding(0)
+            # Is this row an expert's slot, [align(psum[e-1]), psum[e]) for some e? Uniform per CTA.
+            valid = T.alloc_var("int32")
+            lo = T.alloc_var("int32")
+            hi = T.alloc_var("int32")
+            valid = 1
+            if use_psum != 0:
+                lo = 0
+                hi = num_experts
+                for _ in T.serial(search_steps):  # the first e with psum[e] > row
+                    if lo < hi:
+                        if P[(lo + hi) >> 1] > row:
+                            hi = (lo + hi) >> 1
+                        else:
+                            lo = ((lo + hi) >> 1) + 1
+                if lo >= num_experts:
+                    valid = 0
+                elif lo > 0:
+                    if row < (P[lo - 1] + alignment - 1) // alignment * alignment:
+                        valid = 0
+            w = T.alloc_var("float32")
+            w = T.float32(1)
+            if has_weights != 0:
+                w = W[row]
+            ls = T.alloc_local((VEC,), in_dtype)
+            rs = T.alloc_local((VEC,), in_dtype)
+            gs = T.alloc_local((VEC,), grad_dtype)
+            sf_l = T.alloc_var("float32")
+            sf_r = T.alloc_var("float32")
+            ds = T.alloc_local((VEC,), "float32")
+            acts = T.alloc_local((VEC,), "float32")
+            dxs = T.alloc_local((VEC,), out_dtype)
+            qs = T.alloc_local((VEC,), "float8_e4m3fn")
+            acts_out = T.alloc_local((VEC,), grad_dtype)
+            wg = T.alloc_var("float32")
+            red = T.alloc_shared((THREADS // 32,), "float32")
+            wg = T.float32(0)
+            for i in T.serial(T.ceildiv(2 * hidden, cols_per_pass)):
+                col = (i * THREADS + tx) * VEC  # in the 2H-wide row
+                left = col < hidden
+                sf_l = T.float32(1)
+                sf_r = T.float32(1)
+                if valid != 0 and col < hidden:
+                    for j in T.vectorized(VEC):
+                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                    for j in T.vectorized(VEC):
+                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                    for j in T.vectorized(VEC):
+                        gs[j] = G[row, (i * THREADS + tx) * VEC + j]
+                    if quantized_in:
+                        sf_l = XS[row, col // npc]
+                        sf_r = XS[row, (hidden + col) // npc]
+                elif valid != 0 and col < 2 * hidden:
+                    for j in T.vectorized(VEC):
+                        ls[j] = X[row, (i * THREADS + tx) * VEC - hidden + j]
+                    for j in T.vectorized(VEC):
+                        rs[j] = X[row, (i * THREADS + tx) * VEC + j]
+                    for j in T.vectorized(VEC):
+                        gs[j] = G[row, (i * THREADS + tx) * VEC - hidden + j]
+                    if quantized_in:
+                        sf_l = XS[row, (col - hidden) // npc]
+                        sf_r = XS[row, col // npc]
+                else:
+                    for j in T.vectorized(VEC):
+                        ls[j] = T.cast(0, in_dtype)
+                    for j in T.vectorized(VEC):
+                        rs[j] = T.cast(0, in_dtype)
+                    for j in T.vectorized(VEC):
+                        gs[j] = T.cast(0, grad_dtype)
+                for j in T.unroll(VEC):
+                    # Intermediates in registers, each computed once (if_then_else expressions
+                    # would be expanded and recomputed per use).
+                    x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                    x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                    g = T.cast(gs[j], "float32")
+                    lc = T.alloc_var("float32")
+                    rc = T.alloc_var("float32")
+                    den = T.alloc_var("float32")
+                    silu = T.alloc_var("float32")
+                    gw = T.alloc_var("float32")
+                    lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                    rc = T.if_then_else(
+                        x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
+                    )
+                    den = T.ieee_add(T.float32(1), T.exp(-lc))
+                    silu = T.ieee_fdiv(lc, den)
+                    gw = T.ieee_mul(T.ieee_mul(g, w), scale)
+                    if left:
+                        sig = T.alloc_var("float32")
+                        t = T.alloc_var("float32")
+                        sig = T.ieee_fdiv(T.float32(1), den)
+                        dsilu = T.ieee_mul(sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig))))
+                        dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
+                        ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
+                        t = T.ieee_mul(silu, rc)
+                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
+                        wg = T.ieee_add(wg, T.ieee_mul(t, g))
+                    else:
+                        dr = T.if_then_else(
+                            T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
+                        )
+                        ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
+                for j in T.vectorized(VEC):
+                    dxs[j] = T.cast(ds[j], out_dtype)
+                if col < 2 * hidden:
+                    for j in T.vectorized(VEC):
+                        DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
+                if do_recompute != 0 and col < hidden:
+                    for j in T.vectorized(VEC):
+                        acts_out[j] = T.cast(acts[j], grad_dtype)
+                    for j in T.vectorized(VEC):
+                        A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
+                if quantize:
+                    group = col // npc
+                    amax = T.alloc_var("float32")
+                    amax = T.float32(0)
+                    for j in T.unroll(VEC):
+                        amax = T.max(amax, T.abs(ds[j]))
+                    for s in T.unroll(lanes.bit_length() - 1):
+                        amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                    c = T.max(amax, amax_clamp)
+                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                    inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                    owner = col < 2 * hidden and (tx % lanes) == 0
+                    if v.packed_ue8m0:
+                        if owner:
+                            S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                            # The last group zero-fills the rest of its 4-byte word.
+                            if group == num_groups - 1:
+                                for k in T.serial(3 - group % 4):
+                                    S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                    elif owner:
+                        S[row, group] = (
+                            T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                        )
+                    for j in T.vectorized(VEC):
+                        qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                    if col < 2 * hidden:
+                        for j in T.vectorized(VEC):
+                            Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
+            if has_weights != 0:
+                for s in T.unroll(5):
+                    wg = T.ieee_add(wg, T.shfl_xor(wg, 16 >> s))
+                if tx % 32 == 0:
+                    red[tx // 32] = wg
+                T.sync_threads()
+                if tx == 0:
+                    WG[row] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_add(red[0], red[1]), scale), T.float32(0))
+
+    return swiglu_backward_kernel

@@ -1,0 +1,178 @@
+"""Fused SwiGLU forward for MoE experts, optionally with a per-token FP8 e4m3 cast, as a TileLang factory.
+
+Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
+arithmetic is the one written out in src/tilebake/torch/swiglu.py (its bit-exact reference):
+every multiply and add is an explicit __fmul_rn/__fadd_rn, so nvcc cannot contract them into
+FMAs that the eager torch reference does not do; exp is the accurate expf. The cast follows
+kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md).
+
+Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
+16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
+x_right[j:j+16]. `npc / 16` consecutive lanes share an SF group and reduce its amax with warp
+shuffles (64 * 16 columns per pass is a multiple of every group width). The row's validity is
+found once per CTA by a binary search of psum (`search_steps` = num_experts.bit_length() steps).
+Padding rows read nothing and write +0 (and a zero row's scale). Clamp statistics are reduced
+per row and written to a (num_tokens, 4) int32 buffer that the host sums (no atomics).
+"""
+
+import tilelang.language as T
+
+from kernels_tl.quant.common import per_token_sf_buffer
+from tilebake.quant.swiglu_forward import SwigluForwardVariant
+
+THREADS = 64
+VEC = 16  # output columns per thread per pass
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
+
+
+def swiglu_values(x_l, x_r, w, scale, clamp_value):
+    """(y, x_l > c, x_r > c, x_r < -c) for one element: the forward formula of torch/swiglu.py."""
+    l_hi = x_l > clamp_value
+    r_hi = x_r > clamp_value
+    r_lo = x_r < -clamp_value
+    lc = T.if_then_else(l_hi, clamp_value, x_l)
+    rc = T.if_then_else(r_hi, clamp_value, T.if_then_else(r_lo, -clamp_value, x_r))
+    den = T.ieee_add(T.float32(1), T.exp(-lc))
+    silu = T.ieee_fdiv(lc, den)
+    y = T.ieee_mul(T.ieee_mul(T.ieee_mul(silu, rc), w), scale)
+    return y, l_hi, r_hi, r_lo
+
+
+def build(v: SwigluForwardVariant):
+    in_dtype = _DTYPES[v.in_dtype]
+    out_dtype = _DTYPES[v.out_fmt]
+    quantize = v.out_fmt == "e4m3"
+    npc = max(v.num_per_channels, VEC)  # the plain variants have no SF (and no S parameter)
+    lanes = npc // VEC if quantize else 1
+    fmt_max = 448.0
+    cols_per_pass = THREADS * VEC
+
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")  # H: x is (num_tokens, 2H)
+    x_stride = T.dynamic("x_stride")
+    y_stride = T.dynamic("y_stride")
+    num_experts = T.dynamic("num_experts")
+    # fp32 SF [token, group] or packed UE8M0 bytes [token, word, byte]; runtime strides.
+    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
+    num_groups = T.ceildiv(hidden, npc)
+
+    @T.prim_func
+    def swiglu_forward_kernel(
+        X: T.StridedTensor((num_tokens, 2 * hidden), (x_stride, 1), in_dtype),
+        Y: T.StridedTensor((num_tokens, hidden), (y_stride, 1), out_dtype),
+        S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),  # unused (and not a kernel parameter) unless quantize
+        W: T.Tensor((num_tokens,), "float32"),
+        P: T.Tensor((num_experts,), "int32"),
+        C: T.Tensor((num_tokens, 4), "int32"),
+        use_psum: T.int32,
+        search_steps: T.int32,
+        alignment: T.int32,
+        has_weights: T.int32,
+        count_clamps: T.int32,
+        scale: T.float32,
+        clamp_value: T.float32,
+        amax_clamp: T.float32,
+    ):
+        with T.Kernel(num_tokens, threads=THREADS) as row:
+            T.assume(x_stride % (16 // (2 if v.in_dtype == "bf16" else 4)) == 0)
+            T.assume(y_stride % 16 == 0)
+            T.assume(hidden % 64 == 0)
+            tx = T.get_thread_binding(0)
+            # Is this row an expert's slot, [align(psum[e-1]), psum[e]) for some e? Uniform per CTA.
+            valid = T.alloc_var("int32")
+            lo = T.alloc_var("int32")
+            hi = T.alloc_var("int32")
+            valid = 1
+            if use_psum != 0:
+                lo = 0
+                hi = num_experts
+                for _ in T.serial(search_steps):  # the first e with psum[e] > row
+                    if lo < hi:
+                        if P[(lo + hi) >> 1] > row:
+                            hi = (lo + hi) >> 1
+                        else:
+                            lo = ((lo + hi) >> 1) + 1
+                if lo >= num_experts:
+                    valid = 0
+                elif lo > 0:
+                    if row < (P[lo - 1] + alignment - 1) // alignment * alignment:
+                        valid = 0
+            w = T.alloc_var("float32")
+            w = T.float32(1)
+            if has_weights != 0:
+                w = W[row]
+            ls = T.alloc_local((VEC,), in_dtype)
+            rs = T.alloc_local((VEC,), in_dtype)
+            ys = T.alloc_local((VEC,), "float32")
+            outs = T.alloc_local((VEC,), out_dtype)
+            counts = T.alloc_local((3,), "int32")
+            red = T.alloc_shared((THREADS // 32, 3), "int32")
+            for k in T.unroll(3):
+                counts[k] = 0
+            for i in T.serial(T.ceildiv(hidden, cols_per_pass)):
+                col = (i * THREADS + tx) * VEC
+                if valid != 0 and col < hidden:
+                    for j in T.vectorized(VEC):
+                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                    for j in T.vectorized(VEC):
+                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                else:
+                    for j in T.vectorized(VEC):
+                        ls[j] = T.cast(0, in_dtype)
+                    for j in T.vectorized(VEC):
+                        rs[j] = T.cast(0, in_dtype)
+                for j in T.unroll(VEC):
+                    y, l_hi, r_hi, r_lo = swiglu_values(
+                        T.cast(ls[j], "float32"), T.cast(rs[j], "float32"), w, scale, clamp_value
+                    )
+                    ys[j] = T.if_then_else(valid != 0, y, T.float32(0))
+                    counts[0] += T.cast(l_hi, "int32")
+                    counts[1] += T.cast(r_hi, "int32")
+                    counts[2] += T.cast(r_lo, "int32")
+                if quantize:
+                    group = col // npc
+                    amax = T.alloc_var("float32")
+                    amax = T.float32(0)
+                    for j in T.unroll(VEC):
+                        amax = T.max(amax, T.abs(ys[j]))
+                    for s in T.unroll(lanes.bit_length() - 1):
+                        amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                    c = T.max(amax, amax_clamp)
+                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                    inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                    owner = col < hidden and (tx % lanes) == 0
+                    if v.packed_ue8m0:
+                        if owner:
+                            S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                            # The last group zero-fills the rest of its 4-byte word.
+                            if group == num_groups - 1:
+                                for k in T.serial(3 - group % 4):
+                                    S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                    elif owner:
+                        S[row, group] = (
+                            T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                        )
+                    for j in T.vectorized(VEC):
+                        outs[j] = T.cast(T.clamp(ys[j] * inv, -fmt_max, fmt_max), out_dtype)
+                else:
+                    for j in T.vectorized(VEC):
+                        outs[j] = T.cast(ys[j], out_dtype)
+                if col < hidden:
+                    for j in T.vectorized(VEC):
+                        Y[row, (i * THREADS + tx) * VEC + j] = outs[j]
+            if count_clamps != 0:
+                # Warp sums, then the CTA's; written by thread 0 (padding rows write zeros).
+                for k in T.unroll(3):
+                    for s in T.unroll(5):
+                        counts[k] += T.shfl_xor(counts[k], 16 >> s)
+                if tx % 32 == 0:
+                    for k in T.unroll(3):
+                        red[tx // 32, k] = counts[k]
+                T.sync_threads()
+                if tx == 0:
+                    for k in T.unroll(3):
+                        C[row, k] = red[0, k] + red[1, k]
+                    C[row, 3] = valid * hidden
+
+    return swiglu_forward_kernel

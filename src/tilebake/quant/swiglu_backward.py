@@ -1,0 +1,352 @@
+"""swiglu_backward / swiglu_backward_and_per_token_cast: gradients of the fused MoE SwiGLU
+(tilebake.quant.swiglu_forward), optionally with a per-token FP8 e4m3 copy of the input gradient.
+
+Validate, allocate, launch. The kernel is kernels_tl/quant/swiglu_backward.py; the reference (and
+the CPU path) is tilebake.torch.swiglu_backward (+ tilebake.torch.cast); the arithmetic is written
+out in src/tilebake/torch/swiglu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import (
+    QuantTensor,
+    alloc_sf,
+    check_aligned,
+    check_fmt,
+    check_rows,
+    check_sf_options,
+    sf_strides_for_kernel,
+)
+from tilebake.quant.swiglu_forward import (
+    SWIGLU_NUM_PER_CHANNELS,
+    check_psum,
+    check_row_vector,
+    check_scalar,
+    check_swiglu_input,
+    psum_args,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluBackwardVariant(Variant):
+    family = "quant"
+    op = "swiglu_backward"
+
+    in_dtype: str  # x: 'bf16' | 'fp32' | 'e4m3' (with fp32 SF of (1, num_per_channels) blocks)
+    grad_dtype: str  # act_x_grad (and act_out): 'bf16' | 'fp32'
+    out_fmt: str  # x_grad: 'bf16' | 'fp32'
+    num_per_channels: int  # SF group width of the e4m3 x and x_grad; 0 without the cast
+    round_sf: bool
+    packed_ue8m0: bool
+
+    @classmethod
+    def all(cls):
+        plain = [cls(d, d, f, 0, False, False) for d, f in itertools.product(("bf16", "fp32"), ("bf16", "fp32"))]
+        cast = [
+            cls("e4m3", g, "bf16", npc, rs, packed)
+            for g, npc, (rs, packed) in itertools.product(
+                ("bf16", "fp32"), SWIGLU_NUM_PER_CHANNELS, ((False, False), (True, False), (True, True))
+            )
+        ]
+        return tuple(plain + cast)
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+_COMMON_ARGS = ("X", "G", "DX", "A", "WG", "W", "P", "num_experts", "use_psum", "search_steps", "alignment",
+                "num_tokens", "hidden", "x_stride", "g_stride", "has_weights", "do_recompute", "scale",
+                "clamp_value")  # fmt: skip
+_PLAIN_KERNELS = KernelTable(SwigluBackwardVariant, _COMMON_ARGS)
+_CAST_KERNELS = KernelTable(
+    SwigluBackwardVariant,
+    (*_COMMON_ARGS, "XS", "xs_stride_t", "xs_stride_g", "Q", "S", "sf_stride_t", "sf_stride_g", "amax_clamp"),
+)
+
+
+def _check_grad(act_x_grad, x, num_tokens, hidden) -> str:
+    if not isinstance(act_x_grad, torch.Tensor):
+        raise TypeError(f"act_x_grad must be a torch.Tensor, got {type(act_x_grad).__name__}")
+    name = _DTYPE_NAMES.get(act_x_grad.dtype)
+    if name is None:
+        raise TypeError(f"act_x_grad must be bfloat16 or float32, got {act_x_grad.dtype}")
+    if tuple(act_x_grad.shape) != (num_tokens, hidden):
+        raise ValueError(
+            f"act_x_grad must have shape {(num_tokens, hidden)} (x is (E, 2H)), got {tuple(act_x_grad.shape)}"
+        )
+    check_rows(act_x_grad, "act_x_grad", hidden_multiple=1)
+    if act_x_grad.device != x.device:
+        raise ValueError(f"act_x_grad must be on {x.device}, got {act_x_grad.device}")
+    return name
+
+
+def _check_options(x, psum, topk_weights, routed_scaling_factor, clamp_value, num_tokens):
+    check_psum(psum, x)
+    if topk_weights is not None:
+        check_row_vector(topk_weights, "topk_weights", num_tokens, torch.float32, x)
+    return (
+        check_scalar(routed_scaling_factor, "routed_scaling_factor", positive=False),
+        check_scalar(clamp_value, "clamp_value", positive=True),
+    )
+
+
+def _results(x_grad, quantized, weight_grad, act_out, topk_weights, do_recompute) -> tuple:
+    out = (x_grad,) if quantized is None else (x_grad, quantized)
+    if topk_weights is not None:
+        out += (weight_grad,)
+    if do_recompute:
+        out += (act_out,)
+    return out
+
+
+def _reference(x, act_x_grad, psum, topk_weights, scale, clamp, npc=None):
+    from tilebake.torch import swiglu_backward as reference
+
+    return reference(x, act_x_grad, psum, topk_weights, scale, clamp, config.get_token_alignment(), npc)
+
+
+def _launch(table, key, x, g, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp, extra=()):
+    num_tokens, hidden = g.shape
+    pointers = (x.data_ptr(), g.data_ptr(), x_grad.data_ptr(), act_out.data_ptr())
+    for pointer, name in zip(pointers, ("x", "act_x_grad", "x_grad", "act_out")):
+        if pointer % 16:
+            check_aligned(pointer, name)
+    table[key](
+        x.get_device(),
+        *pointers, weight_grad.data_ptr(),
+        topk_weights.data_ptr() if topk_weights is not None else pointers[0],
+        psum.data_ptr() if psum is not None else pointers[0], *psum_args(psum, x)[1:],
+        num_tokens, hidden, x.stride(0), g.stride(0),
+        int(topk_weights is not None), int(act_out.numel() > 0),
+        1.0 if scale is None else scale, math.inf if clamp is None else clamp,
+        *extra,
+    )  # fmt: skip
+
+
+def _outputs(g, num_tokens, hidden, x_grad_dtype, topk_weights, do_recompute):
+    x_grad = g.new_empty((num_tokens, 2 * hidden), dtype=x_grad_dtype)
+    weight_grad = g.new_empty((num_tokens,), dtype=torch.float32) if topk_weights is not None else x_grad
+    # Without do_recompute the kernel gets an empty act_out and writes none.
+    act_out = g.new_empty((num_tokens, hidden) if do_recompute else (0, hidden), dtype=g.dtype)
+    return x_grad, weight_grad, act_out
+
+
+def swiglu_backward(
+    x: torch.Tensor,
+    act_x_grad: torch.Tensor,
+    fmt: str,
+    psum_num_tokens_per_expert: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    routed_scaling_factor: Optional[float] = None,
+    clamp_value: Optional[float] = None,
+    do_recompute: bool = False,
+) -> tuple:
+    """Gradients of swiglu_forward.
+
+    Args:
+        x: the forward input (E, 2H), bf16 or fp32, H % 64 == 0, rows 16-byte aligned.
+        act_x_grad: gradient of the forward output (E, H), same dtype as x.
+        fmt: dtype of x_grad, 'bf16' or 'fp32'.
+        psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value: as in
+            swiglu_forward; clamped elements get zero gradient, padding rows zero everything.
+        do_recompute: also return the forward output act_out.
+
+    Returns:
+        (x_grad (E, 2H) in fmt, [weight_grad fp32 (E,) if topk_weights], [act_out (E, H) in
+        act_x_grad's dtype if do_recompute]). weight_grad[e] = sum_h(silu(l') r' g) * s is a
+        reduction summed in fp32 in the kernel's order; everything else is bit-equal to
+        tilebake.torch.swiglu_backward rounded to the output dtypes.
+    """
+    check_fmt(fmt, tuple(_OUT_DTYPES))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _DTYPE_NAMES:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    num_tokens, hidden = check_swiglu_input(x)
+    grad_dtype = _check_grad(act_x_grad, x, num_tokens, hidden)
+    if act_x_grad.dtype != x.dtype:
+        raise TypeError(f"act_x_grad must have x's dtype {x.dtype}, got {act_x_grad.dtype}")
+    psum = psum_num_tokens_per_expert
+    scale, clamp = _check_options(x, psum, topk_weights, routed_scaling_factor, clamp_value, num_tokens)
+    if torch.compiler.is_compiling():
+        x_grad, weight_grad, act_out = torch.ops.tilebake.swiglu_backward(
+            x, act_x_grad, fmt, psum, topk_weights, scale, clamp, bool(do_recompute)
+        )
+        return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
+    if not x.is_cuda:
+        dx, wg, act = _reference(x, act_x_grad, psum, topk_weights, scale, clamp)
+        return _results(dx.to(_OUT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
+    out_dtype = _OUT_DTYPES[fmt]
+    x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, out_dtype, topk_weights, do_recompute)
+    if num_tokens:
+        key = (grad_dtype, grad_dtype, fmt, 0, False, False)
+        _launch(_PLAIN_KERNELS, key, x, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp)
+    return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
+
+
+def swiglu_backward_and_per_token_cast(
+    x: QuantTensor,
+    act_x_grad: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    psum_num_tokens_per_expert: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    routed_scaling_factor: Optional[float] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    clamp_value: Optional[float] = None,
+    do_recompute: bool = False,
+) -> tuple:
+    """Gradients of swiglu_forward from an FP8 forward input, with an FP8 copy of x_grad.
+
+    Args:
+        x: (data, sf): data e4m3 (E, 2H), H % 64 == 0, rows 16-byte aligned; sf fp32
+            (E, 2H / num_per_channels), any strides (row-major or the TMA-aligned column-major view).
+        act_x_grad: (E, H) bf16 or fp32, rows 16-byte aligned.
+        fmt: 'e4m3', the format of the quantized x_grad.
+        num_per_channels: 32 or 128, the SF block width of both x and the quantized x_grad.
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0: layout of the x_grad SF, as in
+            per_token_cast.
+        Others: as swiglu_backward.
+
+    Returns:
+        (x_grad bf16 (E, 2H), (x_grad_fp8 e4m3 (E, 2H), sf), [weight_grad fp32 (E,)],
+        [act_out (E, H) in act_x_grad's dtype]). x_grad_fp8 is the per-token cast of the fp32
+        gradient (not of x_grad rounded to bf16).
+    """
+    check_fmt(fmt, ("e4m3",))
+    if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
+        raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    check_sf_options(round_sf, use_packed_ue8m0)
+    try:
+        data, x_sf = x
+    except (TypeError, ValueError):
+        raise TypeError("x must be a (data, sf) tuple of tensors (a QuantTensor)") from None
+    if not isinstance(data, torch.Tensor) or not isinstance(x_sf, torch.Tensor):
+        raise TypeError("x must be a (data, sf) tuple of tensors (a QuantTensor)")
+    if data.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"x[0] must be torch.float8_e4m3fn, got {data.dtype}")
+    num_tokens, hidden = check_swiglu_input(data, "x[0]")
+    if x_sf.dtype != torch.float32:
+        if x_sf.dtype == torch.int32:
+            raise NotImplementedError("x[1] as packed UE8M0 (int32) is not built yet; pass fp32 scale factors")
+        raise TypeError(f"x[1] must be torch.float32, got {x_sf.dtype}")
+    sf_groups = 2 * hidden // num_per_channels
+    if tuple(x_sf.shape) != (num_tokens, sf_groups):
+        raise ValueError(f"x[1] must have shape {(num_tokens, sf_groups)}, got {tuple(x_sf.shape)}")
+    if x_sf.device != data.device:
+        raise ValueError(f"x[1] must be on {data.device}, got {x_sf.device}")
+    grad_dtype = _check_grad(act_x_grad, data, num_tokens, hidden)
+    psum = psum_num_tokens_per_expert
+    scale, clamp = _check_options(data, psum, topk_weights, routed_scaling_factor, clamp_value, num_tokens)
+    if torch.compiler.is_compiling():
+        x_grad, q, sf, weight_grad, act_out = torch.ops.tilebake.swiglu_backward_and_per_token_cast(
+            data, x_sf, act_x_grad, num_per_channels, psum, topk_weights, scale,
+            bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, bool(do_recompute),
+        )  # fmt: skip
+        return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
+    amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
+    if not data.is_cuda:
+        from tilebake.torch import cast
+
+        dx, wg, act = _reference((data, x_sf), act_x_grad, psum, topk_weights, scale, clamp, num_per_channels)
+        quantized = cast(
+            dx,
+            "e4m3",
+            (1, num_per_channels),
+            round_sf=bool(round_sf),
+            use_packed_ue8m0=bool(use_packed_ue8m0),
+            use_tma_aligned_col_major_sf=bool(use_tma_aligned_col_major_sf),
+            amax_clamp=amax_clamp,
+        )
+        return _results(dx.to(torch.bfloat16), quantized, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
+    x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, torch.bfloat16, topk_weights, do_recompute)
+    q = data.new_empty((num_tokens, 2 * hidden))
+    sf = alloc_sf(data, num_tokens, sf_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    if num_tokens:
+        q_ptr = q.data_ptr()
+        if q_ptr % 16:
+            check_aligned(q_ptr, "x_grad_fp8")
+        key = ("e4m3", grad_dtype, "bf16", num_per_channels, bool(round_sf), bool(use_packed_ue8m0))
+        sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
+        extra = (x_sf.data_ptr(), x_sf.stride(0), x_sf.stride(1), q_ptr, sf.data_ptr(), sf_stride_t, sf_stride_g,
+                 amax_clamp)  # fmt: skip
+        _launch(_CAST_KERNELS, key, data, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp,
+                extra)  # fmt: skip
+    return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
+# The ops always return weight_grad and act_out (empty when not asked for), so their schemas
+# have a fixed arity; the public functions drop them again.
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "swiglu_backward(Tensor x, Tensor act_x_grad, str fmt, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "swiglu_backward_and_per_token_cast(Tensor x_data, Tensor x_sf, Tensor act_x_grad, int num_per_channels,"
+    " Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor, bool col_major_sf, bool round_sf,"
+    " bool packed_ue8m0, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _fill_optional(outs: tuple, g: torch.Tensor, topk_weights, do_recompute) -> tuple:
+    """(weight_grad, act_out) from a public result's tail, fresh empty tensors where absent."""
+    outs = list(outs)
+    act_out = outs.pop() if do_recompute else g.new_empty((0, g.shape[1]))
+    weight_grad = outs.pop() if topk_weights is not None else g.new_empty((0,), dtype=torch.float32)
+    return weight_grad, act_out
+
+
+def _op_impl(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
+    outs = swiglu_backward(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute)
+    return (outs[0], *_fill_optional(outs[1:], g, topk_weights, do_recompute))
+
+
+def _op_cast_impl(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
+    outs = swiglu_backward_and_per_token_cast(
+        (data, x_sf), g, "e4m3", npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute
+    )
+    return (outs[0], *outs[1], *_fill_optional(outs[2:], g, topk_weights, do_recompute))
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("swiglu_backward", _op_impl, _key)
+    _lib.impl("swiglu_backward_and_per_token_cast", _op_cast_impl, _key)
+
+
+# Shape functions as Meta kernels (what torch.compile's fake tensors run).
+def _meta_optional(g, topk_weights, do_recompute):
+    num_tokens, hidden = g.shape
+    weight_grad = g.new_empty((num_tokens if topk_weights is not None else 0,), dtype=torch.float32)
+    return weight_grad, g.new_empty((num_tokens if do_recompute else 0, hidden))
+
+
+def _meta(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
+    x_grad = g.new_empty((g.shape[0], 2 * g.shape[1]), dtype=_OUT_DTYPES[fmt])
+    return (x_grad, *_meta_optional(g, topk_weights, do_recompute))
+
+
+def _meta_cast(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
+    num_tokens, width = data.shape
+    x_grad = g.new_empty((num_tokens, width), dtype=torch.bfloat16)
+    q = data.new_empty((num_tokens, width))
+    sf = alloc_sf(data, num_tokens, width // npc, packed, col)
+    return (x_grad, q, sf, *_meta_optional(g, topk_weights, do_recompute))
+
+
+_lib.impl("swiglu_backward", _meta, "Meta")
+_lib.impl("swiglu_backward_and_per_token_cast", _meta_cast, "Meta")

@@ -1,0 +1,337 @@
+"""swiglu_forward / swiglu_forward_and_per_token_cast: fused SwiGLU of MoE expert rows,
+y = silu(clamp(x_left)) * clamp(x_right) [* topk_weights] [* routed_scaling_factor], to bf16/fp32
+or per-token FP8 e4m3.
+
+Validate, allocate, launch. The kernel is kernels_tl/quant/swiglu_forward.py; the reference (and
+the CPU path) is tilebake.torch.swiglu_forward followed by tilebake.torch.cast; the arithmetic
+is written out in src/tilebake/torch/swiglu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import (
+    QuantTensor,
+    alloc_sf,
+    check_aligned,
+    check_fmt,
+    check_rows,
+    check_sf_options,
+    sf_strides_for_kernel,
+)
+from tilebake.utils import ceil_div
+
+SWIGLU_NUM_PER_CHANNELS = (32, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluForwardVariant(Variant):
+    family = "quant"
+    op = "swiglu_forward"
+
+    in_dtype: str  # x: 'bf16' | 'fp32'
+    out_fmt: str  # 'bf16' | 'fp32' | 'e4m3'
+    num_per_channels: int  # e4m3 SF group width; 0 for bf16/fp32 output
+    round_sf: bool
+    packed_ue8m0: bool
+
+    @classmethod
+    def all(cls):
+        plain = [cls(d, f, 0, False, False) for d, f in itertools.product(("bf16", "fp32"), ("bf16", "fp32"))]
+        cast = [
+            cls(d, "e4m3", npc, rs, packed)
+            for d, npc, (rs, packed) in itertools.product(
+                ("bf16", "fp32"), SWIGLU_NUM_PER_CHANNELS, ((False, False), (True, False), (True, True))
+            )
+        ]
+        return tuple(plain + cast)
+
+
+_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+_COMMON_ARGS = ("X", "Y", "W", "P", "C", "num_experts", "use_psum", "search_steps", "alignment", "num_tokens", "hidden",
+                "x_stride", "y_stride", "has_weights", "count_clamps", "scale", "clamp_value")  # fmt: skip
+_PLAIN_KERNELS = KernelTable(SwigluForwardVariant, _COMMON_ARGS)
+_CAST_KERNELS = KernelTable(SwigluForwardVariant, (*_COMMON_ARGS, "S", "sf_stride_t", "sf_stride_g", "amax_clamp"))
+
+
+def check_swiglu_input(x, name: str = "x") -> tuple[int, int]:
+    """x (E, 2H) with H a multiple of 64 (what the original accepts), rows as check_rows wants."""
+    if isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[1] % 128:
+        raise ValueError(f"{name}.shape[1] (2 * hidden) must be a multiple of 128 (hidden % 64 == 0), got {x.shape[1]}")
+    num_tokens, width = check_rows(x, name, hidden_multiple=128)
+    return num_tokens, width // 2
+
+
+def check_row_vector(t, name: str, num_tokens: int, dtype: torch.dtype, like: torch.Tensor) -> None:
+    """A (num_tokens,) tensor of `dtype`, contiguous, on `like`'s device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be None or a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != (num_tokens,):
+        raise ValueError(f"{name} must have shape ({num_tokens},), got {tuple(t.shape)}")
+    if num_tokens > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
+    if t.device != like.device:
+        raise ValueError(f"{name} must be on {like.device}, got {t.device}")
+
+
+def check_psum(psum, like: torch.Tensor) -> None:
+    if psum is None:
+        return
+    if not isinstance(psum, torch.Tensor):
+        raise TypeError(f"psum_num_tokens_per_expert must be None or a torch.Tensor, got {type(psum).__name__}")
+    if psum.dtype != torch.int32:
+        raise TypeError(f"psum_num_tokens_per_expert must be torch.int32, got {psum.dtype}")
+    if psum.dim() != 1 or psum.shape[0] == 0:
+        raise ValueError(f"psum_num_tokens_per_expert must be 1-D (num_experts,), got shape {tuple(psum.shape)}")
+    if psum.shape[0] > 1 and psum.stride(0) != 1:
+        raise ValueError(f"psum_num_tokens_per_expert must be contiguous, got stride {psum.stride()}")
+    if psum.device != like.device:
+        raise ValueError(f"psum_num_tokens_per_expert must be on {like.device}, got {psum.device}")
+
+
+def check_scalar(value, name: str, positive: bool) -> Optional[float]:
+    """None, or a finite real number (positive if asked), returned as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a float, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be None or a {'positive ' if positive else ''}finite float, got {value!r}")
+    return value
+
+
+def psum_args(psum, fallback: torch.Tensor) -> tuple:
+    """Kernel arguments (P, num_experts, use_psum, search_steps, alignment) of the psum layout."""
+    if psum is None:
+        return fallback.data_ptr(), 0, 0, 0, 1
+    num_experts = psum.shape[0]
+    return psum.data_ptr(), num_experts, 1, num_experts.bit_length(), config.get_token_alignment()
+
+
+def _check_clamped_count(clamped_count, like: torch.Tensor) -> None:
+    if not isinstance(clamped_count, torch.Tensor):
+        raise TypeError(f"clamped_count must be None or a torch.Tensor, got {type(clamped_count).__name__}")
+    if clamped_count.dtype != torch.int64 or tuple(clamped_count.shape) != (4,):
+        raise ValueError(
+            f"clamped_count must be int64 of shape (4,), got {clamped_count.dtype} {tuple(clamped_count.shape)}"
+        )
+    if clamped_count.device != like.device:
+        raise ValueError(f"clamped_count must be on {like.device}, got {clamped_count.device}")
+
+
+def _check_common(x, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    in_dtype = _IN_DTYPES.get(x.dtype)
+    if in_dtype is None:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    num_tokens, hidden = check_swiglu_input(x)
+    check_psum(psum, x)
+    if topk_weights is not None:
+        check_row_vector(topk_weights, "topk_weights", num_tokens, torch.float32, x)
+    scale = check_scalar(routed_scaling_factor, "routed_scaling_factor", positive=False)
+    clamp = check_scalar(clamp_value, "clamp_value", positive=True)
+    if clamped_count is not None:
+        _check_clamped_count(clamped_count, x)
+    return in_dtype, num_tokens, hidden, scale, clamp
+
+
+def _reference(x, psum, topk_weights, scale, clamp, clamped_count):
+    from tilebake.torch import swiglu_forward as reference
+
+    return reference(
+        x, psum, topk_weights, scale, clamp, clamped_count=clamped_count, alignment=config.get_token_alignment()
+    )
+
+
+def _launch(table, key, x, y, num_tokens, hidden, psum, topk_weights, scale, clamp, clamped_count, extra=()):
+    x_ptr, y_ptr = x.data_ptr(), y.data_ptr()
+    if (x_ptr | y_ptr) % 16:
+        check_aligned(x_ptr, "x")
+        check_aligned(y_ptr, "output")
+    counts = x.new_empty((num_tokens, 4), dtype=torch.int32) if clamped_count is not None else None
+    table[key](
+        x.get_device(),
+        x_ptr, y_ptr,
+        topk_weights.data_ptr() if topk_weights is not None else x_ptr,
+        *_psum_and_counts(psum, x, counts),
+        num_tokens, hidden, x.stride(0), y.stride(0),
+        int(topk_weights is not None), int(counts is not None),
+        1.0 if scale is None else scale, math.inf if clamp is None else clamp,
+        *extra,
+    )  # fmt: skip
+    if counts is not None:
+        clamped_count += counts.sum(dim=0)
+
+
+def _psum_and_counts(psum, x, counts):
+    p_ptr, num_experts, use_psum, steps, alignment = psum_args(psum, x)
+    return p_ptr, counts.data_ptr() if counts is not None else x.data_ptr(), num_experts, use_psum, steps, alignment
+
+
+def swiglu_forward(
+    x: torch.Tensor,
+    fmt: str,
+    psum_num_tokens_per_expert: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    routed_scaling_factor: Optional[float] = None,
+    clamp_value: Optional[float] = None,
+    clamped_count: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """y = silu(clamp(x_left)) * clamp(x_right) [* topk_weights] [* routed_scaling_factor].
+
+    Args:
+        x: (E, 2H) bf16 or fp32, H a multiple of 64, last dim contiguous, rows 16-byte aligned;
+            x_left = x[:, :H], x_right = x[:, H:].
+        fmt: output format, 'bf16' or 'fp32'.
+        psum_num_tokens_per_expert: int32 (num_experts,): expert e owns rows
+            [align(psum[e-1], config.get_token_alignment()), psum[e]); all other rows are
+            padding and come out +0. None: every row is valid.
+        topk_weights: fp32 (E,), one factor per row.
+        routed_scaling_factor: a float factor.
+        clamp_value: c > 0: x_left clamped to at most c, x_right to [-c, c].
+        clamped_count: int64 (4,), incremented in place by [#(x_left > c), #(x_right > c),
+            #(x_right < -c), #x_left elements] over the valid rows.
+
+    Returns:
+        (E, H) in `fmt`. The arithmetic is fp32 in the order of tilebake.torch.swiglu_forward.
+        CPU tensors take the reference path (same bytes as the reference on the CPU).
+    """
+    check_fmt(fmt, tuple(_OUT_DTYPES))
+    in_dtype, num_tokens, hidden, scale, clamp = _check_common(
+        x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
+    )
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.swiglu_forward(
+            x, fmt, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count
+        )
+    if not x.is_cuda:
+        y = _reference(x, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count)
+        return y.to(_OUT_DTYPES[fmt])
+    y = x.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+    if num_tokens == 0:
+        return y
+    key = (in_dtype, fmt, 0, False, False)
+    _launch(_PLAIN_KERNELS, key, x, y, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
+            clamped_count)  # fmt: skip
+    return y
+
+
+def swiglu_forward_and_per_token_cast(
+    x: torch.Tensor,
+    fmt: str,
+    num_per_channels: int,
+    psum_num_tokens_per_expert: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    routed_scaling_factor: Optional[float] = None,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+    clamp_value: Optional[float] = None,
+    clamped_count: Optional[torch.Tensor] = None,
+) -> QuantTensor:
+    """swiglu_forward, then a per-token (1 x num_per_channels) FP8 e4m3 cast of its fp32 result.
+
+    Args: as swiglu_forward, and
+        fmt: 'e4m3'.
+        num_per_channels: 32 or 128. With H % 128 == 64 the last group of a row is partial.
+        use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0: the SF layout, as in
+            per_token_cast (the amax clamp is config.get_amax_clamp_for_quant('e4m3', False)).
+
+    Returns:
+        (data e4m3 (E, H), sf): bit-equal to tilebake.torch.cast of the fp32 reference values
+        (not of values rounded to bf16). Padding rows get data 0 and a zero row's scale.
+    """
+    check_fmt(fmt, ("e4m3",))
+    if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
+        raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    check_sf_options(round_sf, use_packed_ue8m0)
+    in_dtype, num_tokens, hidden, scale, clamp = _check_common(
+        x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
+    )
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.swiglu_forward_and_per_token_cast(
+            x, num_per_channels, psum_num_tokens_per_expert, topk_weights, scale,
+            bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, clamped_count,
+        )  # fmt: skip
+    amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
+    if not x.is_cuda:
+        from tilebake.torch import cast
+
+        y = _reference(x, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count)
+        return cast(
+            y,
+            "e4m3",
+            (1, num_per_channels),
+            round_sf=bool(round_sf),
+            use_packed_ue8m0=bool(use_packed_ue8m0),
+            use_tma_aligned_col_major_sf=bool(use_tma_aligned_col_major_sf),
+            amax_clamp=amax_clamp,
+        )
+    data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    if num_tokens == 0:
+        return data, sf
+    key = (in_dtype, "e4m3", num_per_channels, bool(round_sf), bool(use_packed_ue8m0))
+    sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
+    _launch(_CAST_KERNELS, key, x, data, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
+            clamped_count, extra=(sf.data_ptr(), sf_stride_t, sf_stride_g, amax_clamp))  # fmt: skip
+    return data, sf
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "swiglu_forward(Tensor x, str fmt, Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor,"
+    " float? clamp_value, Tensor(a!)? clamped_count) -> Tensor"
+)
+_lib.define(
+    "swiglu_forward_and_per_token_cast(Tensor x, int num_per_channels, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, bool col_major_sf, bool round_sf, bool packed_ue8m0, float? clamp_value,"
+    " Tensor(a!)? clamped_count) -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    return swiglu_forward(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
+
+
+def _op_cast_impl(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
+    return swiglu_forward_and_per_token_cast(
+        x, "e4m3", npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count
+    )
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("swiglu_forward", _op_impl, _key)
+    _lib.impl("swiglu_forward_and_per_token_cast", _op_cast_impl, _key)
+
+
+# Shape functions as Meta kernels (what torch.compile's fake tensors run).
+def _meta(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
+    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=_OUT_DTYPES[fmt])
+
+
+def _meta_cast(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
+    num_tokens, hidden = x.shape[0], x.shape[1] // 2
+    data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    return data, alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col_major_sf)
+
+
+_lib.impl("swiglu_forward", _meta, "Meta")
+_lib.impl("swiglu_forward_and_per_token_cast", _meta_cast, "Meta")

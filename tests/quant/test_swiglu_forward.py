@@ -1,0 +1,282 @@
+"""swiglu_forward / swiglu_forward_and_per_token_cast: argument checks and the CPU path (CPU),
+the reference against float64 autograd-free math, and bit-exact GPU results against the
+reference (tilebake.torch.swiglu_forward + tilebake.torch.cast): outputs, SF and clamp counts."""
+
+import math
+
+import pytest
+import torch
+
+import tilebake
+from tests.helpers import assert_bytes_equal
+from tests.quant.swiglu_inputs import make_x, poison_allocator, psum_layout, random_counts
+
+F = tilebake.quant
+
+
+def reference(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, counts=None, sf_mode=(False, False),
+              col=False):  # fmt: skip
+    y = tilebake.torch.swiglu_forward(x, psum, weights, scale, clamp, counts, tilebake.config.get_token_alignment())
+    if fmt in ("bf16", "fp32"):
+        return y.to({"bf16": torch.bfloat16, "fp32": torch.float32}[fmt])
+    return tilebake.torch.cast(
+        y, "e4m3", (1, npc), round_sf=sf_mode[0], use_packed_ue8m0=sf_mode[1], use_tma_aligned_col_major_sf=col
+    )
+
+
+def run(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, counts=None, sf_mode=(False, False),
+        col=False):  # fmt: skip
+    if fmt in ("bf16", "fp32"):
+        return F.swiglu_forward(x, fmt, psum, weights, scale, clamp, counts)
+    return F.swiglu_forward_and_per_token_cast(
+        x, fmt, npc, psum, weights, scale, col, sf_mode[0], sf_mode[1], clamp, counts
+    )
+
+
+def check(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, sf_mode=(False, False), col=False):
+    counts = torch.full((4,), 7, dtype=torch.int64, device=x.device)  # accumulated into, not overwritten
+    expected_counts = counts.clone()
+    expected = reference(x, fmt, npc, psum, weights, scale, clamp, expected_counts, sf_mode, col)
+    poison_allocator(x.device)
+    got = run(x, fmt, npc, psum, weights, scale, clamp, counts, sf_mode, col)
+    if fmt in ("bf16", "fp32"):
+        assert_bytes_equal(got, expected, "y")
+    else:
+        assert_bytes_equal(got[0], expected[0], "data")
+        assert_bytes_equal(got[1], expected[1], "sf")
+        assert got[1].stride() == expected[1].stride() or got[1].shape[0] <= 1, (got[1].stride(), expected[1].stride())
+    assert_bytes_equal(counts, expected_counts, "clamped_count")
+    return got
+
+
+FORMATS = [
+    ("bf16", None, (False, False), False),
+    ("fp32", None, (False, False), False),
+    ("e4m3", 32, (False, False), False),
+    ("e4m3", 128, (False, False), True),
+    ("e4m3", 128, (True, False), False),
+    ("e4m3", 32, (True, True), True),
+    ("e4m3", 128, (True, True), False),
+]
+FORMAT_IDS = [f"{f}{'' if n is None else n}{'-round' * r}{'-packed' * p}{'-col' * c}" for f, n, (r, p), c in FORMATS]
+
+
+# --- CPU: the reference, the slow path and argument checks ---
+
+
+def test_reference_matches_float64_formula():
+    x = make_x(65, 2 * 192, torch.float32, "cpu")
+    w = torch.rand(65)
+    c, s = 3.0, 2.5
+    y = tilebake.torch.swiglu_forward(x, None, w, s, c)
+    x64 = x.double()
+    left, right = x64[:, :192].clamp(max=c), x64[:, 192:].clamp(-c, c)
+    y64 = torch.nn.functional.silu(left) * right * w.double()[:, None] * s
+    torch.testing.assert_close(y.double(), y64, rtol=4e-6, atol=1e-30)
+
+
+def test_reference_psum_padding_and_counts():
+    psum, rows = psum_layout([3, 0, 130, 0, 5], extra_rows=7)
+    mapping = tilebake.torch.get_mapping_from_psum(psum, rows, 128)
+    assert mapping.tolist() == [0] * 3 + [-1] * 125 + [2] * 130 + [-1] * 126 + [4] * 5 + [-1] * (123 + 7)
+    x = make_x(rows, 128, torch.float32, "cpu")
+    counts = torch.zeros(4, dtype=torch.int64)
+    y = tilebake.torch.swiglu_forward(x, psum, None, None, 1.0, counts)
+    valid = mapping >= 0
+    assert torch.all(y[~valid] == 0) and not torch.signbit(y[~valid]).any()
+    left, right = x[valid, :64], x[valid, 64:]
+    assert counts.tolist() == [(left > 1).sum(), (right > 1).sum(), (right < -1).sum(), int(valid.sum()) * 64]
+    assert torch.equal(y[valid], tilebake.torch.swiglu_forward(x[valid], None, None, None, 1.0))
+
+
+@pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_path_matches_reference(dtype, fmt, npc, sf_mode, col):
+    psum, rows = psum_layout([5, 0, 130, 17], extra_rows=3)
+    x = make_x(rows, 2 * 192, dtype, "cpu")
+    check(x, fmt, npc, psum, torch.randn(rows), 0.75, 2.0, sf_mode, col)
+    check(make_x(9, 128, dtype, "cpu"), fmt, npc, sf_mode=sf_mode, col=col)
+
+
+def test_cpu_empty():
+    x = torch.empty(0, 256, dtype=torch.bfloat16)
+    assert F.swiglu_forward(x, "bf16").shape == (0, 128)
+    data, sf = F.swiglu_forward_and_per_token_cast(x, "e4m3", 128)
+    assert data.shape == (0, 128) and sf.shape == (0, 1)
+
+
+X = torch.zeros(4, 256, dtype=torch.bfloat16)
+BAD_CALLS = [
+    (dict(x=torch.zeros(4, 256, dtype=torch.float16)), TypeError, "x must be bfloat16 or float32"),
+    (dict(x="x"), TypeError, "x must be a torch.Tensor"),
+    (dict(x=torch.zeros(4, 192, dtype=torch.bfloat16)), ValueError, "2 \\* hidden\\) must be a multiple of 128"),
+    (dict(x=torch.zeros(4, 256, 1, dtype=torch.bfloat16)), ValueError, "x must be 2-D"),
+    (dict(x=torch.zeros(256, 4, dtype=torch.bfloat16).t()), ValueError, "contiguous in its last dim"),
+    (dict(x=torch.zeros(4, 260, dtype=torch.bfloat16)[:, :256]), ValueError, "row stride must be a multiple of 16"),
+    (dict(psum=torch.tensor([4], dtype=torch.int64)), TypeError, "psum_num_tokens_per_expert must be torch.int32"),
+    (dict(psum=torch.zeros(2, 2, dtype=torch.int32)), ValueError, "psum_num_tokens_per_expert must be 1-D"),
+    (dict(psum=torch.zeros(4, dtype=torch.int32)[::2]), ValueError, "psum_num_tokens_per_expert must be contiguous"),
+    (dict(weights=torch.ones(4, dtype=torch.bfloat16)), TypeError, "topk_weights must be torch.float32"),
+    (dict(weights=torch.ones(5)), ValueError, "topk_weights must have shape \\(4,\\)"),
+    (dict(weights=torch.ones(8)[::2]), ValueError, "topk_weights must be contiguous"),
+    (dict(scale="2"), TypeError, "routed_scaling_factor must be None or a float"),
+    (dict(scale=math.nan), ValueError, "routed_scaling_factor must be None or a finite float"),
+    (dict(clamp=-1.0), ValueError, "clamp_value must be None or a positive finite float"),
+    (dict(clamp=math.inf), ValueError, "clamp_value must be None or a positive finite float"),
+    (dict(counts=torch.zeros(4, dtype=torch.int32)), ValueError, "clamped_count must be int64 of shape \\(4,\\)"),
+    (dict(counts=torch.zeros(3, dtype=torch.int64)), ValueError, "clamped_count must be int64 of shape \\(4,\\)"),
+    (dict(counts=[0, 0, 0, 0]), TypeError, "clamped_count must be None or a torch.Tensor"),
+]
+CAST_BAD_CALLS = [
+    (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
+    (dict(npc=64), ValueError, "num_per_channels must be one of \\(32, 128\\)"),
+    (dict(npc=True), ValueError, "num_per_channels must be one of"),
+    (dict(sf_mode=(False, True)), ValueError, "needs round_sf=True"),
+]
+
+
+def _call(cast, x=X, fmt=None, npc=128, psum=None, weights=None, scale=None, clamp=None, counts=None,
+          sf_mode=(False, False)):  # fmt: skip
+    if cast:
+        return F.swiglu_forward_and_per_token_cast(
+            x, fmt or "e4m3", npc, psum, weights, scale, False, sf_mode[0], sf_mode[1], clamp, counts
+        )
+    return F.swiglu_forward(x, fmt or "bf16", psum, weights, scale, clamp, counts)
+
+
+@pytest.mark.parametrize("cast", [False, True], ids=["plain", "cast"])
+@pytest.mark.parametrize("overrides,exc,message", BAD_CALLS, ids=[m for _, _, m in BAD_CALLS])
+def test_rejects_bad_arguments(cast, overrides, exc, message):
+    with pytest.raises(exc, match=message):
+        _call(cast, **overrides)
+
+
+@pytest.mark.parametrize("overrides,exc,message", CAST_BAD_CALLS, ids=[m for _, _, m in CAST_BAD_CALLS])
+def test_cast_rejects_bad_arguments(overrides, exc, message):
+    with pytest.raises(exc, match=message):
+        _call(True, **overrides)
+
+
+def test_plain_rejects_bad_fmt():
+    with pytest.raises(ValueError, match="fmt must be one of \\('bf16', 'fp32'\\)"):
+        F.swiglu_forward(X, "e4m3")
+
+
+# --- GPU: bit-exact against the reference ---
+
+
+def gpu_shapes():
+    """(rows, hidden, psum or None): 1 and 127 rows without experts; ~8001 rows in a 64-expert
+    layout with empty experts and padding; a few rows of a wide layer."""
+    g = torch.Generator().manual_seed(1)
+    psum_8k, rows_8k = psum_layout(random_counts(64, 60, g), extra_rows=41)
+    psum_small, rows_small = psum_layout([1, 0, 129, 3], extra_rows=0)
+    return [
+        (1, 64, None),
+        (127, 192, None),
+        (rows_8k, 2048, psum_8k),
+        (rows_small, 7168, psum_small),
+    ]
+
+
+SHAPES = gpu_shapes()
+SHAPE_IDS = [f"E{r}-H{h}{'-psum' if p is not None else ''}" for r, h, p in SHAPES]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS, ids=FORMAT_IDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_gpu_bit_exact(shape, dtype, fmt, npc, sf_mode, col):
+    rows, hidden, psum = shape
+    psum = None if psum is None else psum.cuda()
+    x = make_x(rows, 2 * hidden, dtype, "cuda")
+    weights = torch.rand(rows, device="cuda") * 2 - 0.5
+    check(x, fmt, npc, psum, weights, 1.5, 4.0, sf_mode, col)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS[:3] + FORMATS[-1:], ids=FORMAT_IDS[:3] + FORMAT_IDS[-1:])
+@pytest.mark.parametrize("options", ["none", "weights", "scale", "clamp", "psum"])
+def test_gpu_each_option_alone(options, fmt, npc, sf_mode, col):
+    """Each optional argument on its own (the kernel's null-equivalents for the others), on
+    strided rows (x sliced from a wider buffer)."""
+    psum, rows = psum_layout([100, 0, 300, 1], extra_rows=5, device="cuda")
+    x = make_x(rows, 2 * 1024 + 64, torch.bfloat16, "cuda")[:, : 2 * 1024]
+    kwargs = dict(
+        psum=psum if options == "psum" else None,
+        weights=torch.randn(rows, device="cuda") if options == "weights" else None,
+        scale=0.3 if options == "scale" else None,
+        clamp=0.5 if options == "clamp" else None,
+    )
+    check(x, fmt, npc, sf_mode=sf_mode, col=col, **kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_token_alignment_is_runtime():
+    tilebake.config.set_token_alignment(64)
+    psum, rows = psum_layout([10, 70, 0, 64], alignment=64, extra_rows=3, device="cuda")
+    x = make_x(rows, 256, torch.bfloat16, "cuda")
+    y = check(x, "bf16", psum=psum)
+    assert torch.all(y[10:64] == 0) and torch.all(y[134:192] == 0) and torch.any(y[64:134] != 0)
+
+
+@pytest.mark.gpu
+def test_gpu_empty_and_nan_free():
+    x = torch.empty(0, 256, dtype=torch.bfloat16, device="cuda")
+    assert F.swiglu_forward(x, "bf16").shape == (0, 128)
+    data, sf = F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, use_tma_aligned_col_major_sf=True)
+    assert data.shape == (0, 128) and sf.shape == (0, 1)
+    x = make_x(999, 2 * 7168, torch.bfloat16, "cuda")
+    data, sf = F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, clamp_value=10.0)
+    assert not data.float().isnan().any() and not sf.isnan().any()
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    """The torch.library registrations (schemas + Meta shapes, clamped_count mutated in place)."""
+    psum, rows = psum_layout([5, 0, 130], extra_rows=3)
+    x, w = make_x(rows, 256, torch.bfloat16, "cpu"), torch.rand(rows)
+
+    def f(x, psum, w, counts):
+        y = F.swiglu_forward(x, "fp32", psum, w, 2.0, 1.0, counts)
+        q = F.swiglu_forward_and_per_token_cast(x, "e4m3", 32, psum, w, 2.0, True, True, True, 1.0, counts)
+        return y, q
+
+    counts = torch.zeros(4, dtype=torch.int64)
+    y, (data, sf) = torch.compile(f, fullgraph=True, backend="aot_eager")(x, psum, w, counts)
+    expected_counts = torch.zeros(4, dtype=torch.int64)
+    assert_bytes_equal(y, reference(x, "fp32", None, psum, w, 2.0, 1.0, expected_counts), "y")
+    expected = reference(x, "e4m3", 32, psum, w, 2.0, 1.0, expected_counts, (True, True), True)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert sf.stride() == expected[1].stride()
+    assert_bytes_equal(counts, expected_counts, "clamped_count")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_and_cuda_graph():
+    """torch.compile(fullgraph=True) with inductor, then the same call captured in a CUDA graph
+    (clamped_count accumulated in place in both)."""
+    psum, rows = psum_layout([300, 0, 129], extra_rows=3, device="cuda")
+    x, w = make_x(rows, 2 * 2048, torch.bfloat16, "cuda"), torch.rand(rows, device="cuda")
+
+    def f(x, counts):
+        return F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, psum, w, 2.0, True, True, True, 3.0, counts)
+
+    expected_counts = torch.zeros(4, dtype=torch.int64, device="cuda")
+    expected = reference(x, "e4m3", 128, psum, w, 2.0, 3.0, expected_counts, (True, True), True)
+    counts = torch.zeros(4, dtype=torch.int64, device="cuda")
+    data, sf = torch.compile(f, fullgraph=True)(x, counts)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert_bytes_equal(counts, expected_counts, "clamped_count")
+    f(x, counts)  # warm-up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        data, sf = f(x, counts)
+    counts.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_bytes_equal(data, expected[0], "data (graph)")
+    assert_bytes_equal(sf, expected[1], "sf (graph)")
+    assert_bytes_equal(counts, expected_counts, "clamped_count (graph)")
