@@ -43,8 +43,8 @@ def e2m1_decode_float32(code):
 def e2m1_encode(q):
     """fp32 q -> e2m1 code in an int32 (numerics.md step 4): m = |q|, NaN/inf -> 6, min(m, 6);
     rne(2m) below 2, rne(m) + 2 below 4, rne(m/2) + 4 above; bit 3 = sign bit of q."""
-    a = T.abs(q)
-    m = T.min(T.if_then_else(a != a, T.float32(6), a), T.float32(6))  # NaN -> 6; fminf(inf, 6) = 6
+    # CUDA's fminf returns the non-NaN operand: NaN -> 6, and inf -> 6.
+    m = T.min(T.abs(q), T.float32(6))
     mag = T.if_then_else(
         m < T.float32(2),
         T.nearbyint(m * T.float32(2)),
@@ -56,7 +56,10 @@ def e2m1_encode(q):
 
 def fmix32(h):
     """MurmurHash3's 32-bit finaliser (uint32 -> uint32): every input bit flips each output bit
-    with probability close to 1/2."""
+    with probability close to 1/2. An expression builder: `h` appears several times in the
+    result, so pass a register (T.alloc_var), not a large expression; kernels run the steps as
+    statements on a register (see kernels_tl/quant/cast.py), nesting two of these expressions
+    multiplies the expression tree."""
     h = h ^ T.shift_right(h, T.uint32(16))
     h = h * T.uint32(0x85EBCA6B)
     h = h ^ T.shift_right(h, T.uint32(13))
