@@ -116,5 +116,7 @@ def sr_float32_to_e4m3_bits(x, rbits):
     threshold = T.if_then_else(d < 32, T.shift_right(rbits, T.uint32(32) - T.min(du, T.uint32(31))), rbits)
     up = T.if_then_else(threshold < rem, T.uint32(1), T.uint32(0))
     code = T.cast((T.max(e, -6) + 6) * 8, "uint32") + kept + up
-    code = T.if_then_else(a > T.uint32(0x7F800000), T.uint32(0x7F), T.if_then_else(a >= T.uint32(0x43E00000), T.uint32(0x7E), code))
+    code = T.if_then_else(
+        a > T.uint32(0x7F800000), T.uint32(0x7F), T.if_then_else(a >= T.uint32(0x43E00000), T.uint32(0x7E), code)
+    )
     return code | sign

@@ -9,6 +9,7 @@ VARIANT_TYPES = (PerTokenCastVariant, CastBackVariant)
 def all_variants():
     return [v for cls in VARIANT_TYPES for v in cls.all()]
 
+
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant  # noqa: E402
 
 VARIANT_TYPES += (PerTokenCastAndCastBackVariant,)

@@ -87,8 +87,10 @@ BAD_CALLS = [
         "x\\[1\\] must be row-major when x_block_size\\[1\\] == 1",
     ),
     (
-        dict(x=(torch.zeros(64, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.int32)),
-             x_block_size=(32, 128)),
+        dict(
+            x=(torch.zeros(64, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.int32)),
+            x_block_size=(32, 128),
+        ),
         ValueError,
         "x\\[1\\] must have shape \\(2, 1\\)",
     ),

@@ -14,7 +14,10 @@ from tests.quant.test_per_token_cast import make_input
 CASES = [
     (dt, fmt, npc, rs, e4)
     for dt, fmt, npc, (rs, e4) in itertools.product(
-        (torch.bfloat16, torch.float32), ("e4m3", "e2m1"), (16, 32, 64, 128), [(False, False), (True, False), (False, True)]
+        (torch.bfloat16, torch.float32),
+        ("e4m3", "e2m1"),
+        (16, 32, 64, 128),
+        [(False, False), (True, False), (False, True)],
     )
 ]
 IDS = [f"{str(d)[6:]}-{f}-npc{n}{'-round' if r else ''}{'-e4m3sf' if e else ''}" for d, f, n, r, e in CASES]

@@ -54,9 +54,7 @@ def _key_of(fmt, x_block_size, x_special_fmt) -> tuple[int, int]:
     if block_m < 1 or block_k < 1 or isinstance(block_m, bool) or isinstance(block_k, bool):
         raise ValueError(f"x_block_size must be a pair (bm, bk) of positive ints, got {x_block_size!r}")
     if block_k != 1 and block_k % 16:
-        raise ValueError(
-            f"x_block_size[1] (bk) must be 1 (per-channel) or a multiple of 16, got {x_block_size!r}"
-        )
+        raise ValueError(f"x_block_size[1] (bk) must be 1 (per-channel) or a multiple of 16, got {x_block_size!r}")
     try:
         _KEYS[fmt, x_block_size, x_special_fmt] = (block_m, block_k)
     except TypeError:  # an unhashable x_block_size (a list) is valid, just not cached
@@ -70,7 +68,9 @@ def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
         raise TypeError(f"x[1] must be a torch.Tensor, got {type(sf).__name__}")
     sf_kind = _SF_KINDS.get(sf.dtype)
     if sf_kind is None:
-        raise TypeError(f"x[1] must be torch.float32, torch.float8_e4m3fn or torch.int32 (packed UE8M0), got {sf.dtype}")
+        raise TypeError(
+            f"x[1] must be torch.float32, torch.float8_e4m3fn or torch.int32 (packed UE8M0), got {sf.dtype}"
+        )
     rows, cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
     if sf_kind == "ue8m0":
         shape = (ceil_div(rows, 4), cols) if block_k == 1 else (rows, ceil_div(cols, 4))
@@ -84,7 +84,9 @@ def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
     if sf.device != data.device:
         raise ValueError(f"x[1] must be on {data.device}, got {sf.device}")
     if block_k == 1 and shape[0] > 1 and shape[1] > 1 and sf.stride(0) == 1:
-        raise ValueError("x[1] must be row-major when x_block_size[1] == 1 (column-major per-channel SF is not allowed)")
+        raise ValueError(
+            "x[1] must be row-major when x_block_size[1] == 1 (column-major per-channel SF is not allowed)"
+        )
     return sf_kind
 
 
