@@ -11,7 +11,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import sr_float32_to_bfloat16_bits, sr_float32_to_e4m3_bits
+from kernels_tl.quant.common import sr_float32_to_bfloat16_bits, sr_float32_to_e4m3_bits, sr_random_bits_into
 from tilebake.quant.cast import CastVariant
 
 
@@ -50,6 +50,7 @@ def build(v: CastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
             tx = T.get_thread_binding(0)
             xs = T.alloc_local((G, 4), in_dtype)
             ys = T.alloc_local((4,), out_dtype)
+            h = T.alloc_local((1,), "uint32")
             for k in T.unroll(G):
                 g = b * groups_per_cta + k * THREADS + tx
                 if g < num_groups:
@@ -60,22 +61,10 @@ def build(v: CastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                 if g < num_groups:
                     for j in T.unroll(4):
                         x = T.cast(xs[k, j], "float32")
-                        # sr_random_bits, as statements on registers (nested expressions blow up).
-                        h = T.alloc_var("uint32")
-                        h = T.cast((b * groups_per_cta + k * THREADS + tx) * 4 + j, "uint32") * T.uint32(
-                            0x9E3779B9
-                        ) + T.uint32(0x7F4A7C15)
-                        h = h ^ T.shift_right(h, T.uint32(16))
-                        h = h * T.uint32(0x85EBCA6B)
-                        h = h ^ T.shift_right(h, T.uint32(13))
-                        h = h * T.uint32(0xC2B2AE35)
-                        h = h ^ T.shift_right(h, T.uint32(16))
-                        h = h ^ T.reinterpret(x, "uint32")
-                        h = h ^ T.shift_right(h, T.uint32(16))
-                        h = h * T.uint32(0x85EBCA6B)
-                        h = h ^ T.shift_right(h, T.uint32(13))
-                        h = h * T.uint32(0xC2B2AE35)
-                        r = h ^ T.shift_right(h, T.uint32(16))
+                        sr_random_bits_into(
+                            h, T.reinterpret(x, "uint32"), (b * groups_per_cta + k * THREADS + tx) * 4 + j
+                        )
+                        r = h[0]
                         if to_bf16:
                             ys[j] = T.cast(sr_float32_to_bfloat16_bits(x, r), out_dtype)
                         else:

@@ -57,9 +57,8 @@ def e2m1_encode(q):
 def fmix32(h):
     """MurmurHash3's 32-bit finaliser (uint32 -> uint32): every input bit flips each output bit
     with probability close to 1/2. An expression builder: `h` appears several times in the
-    result, so pass a register (T.alloc_var), not a large expression; kernels run the steps as
-    statements on a register (see kernels_tl/quant/cast.py), nesting two of these expressions
-    multiplies the expression tree."""
+    result, so pass a register, not a large expression (nesting two of these multiplies the
+    expression tree); inside kernels prefer the statement form, sr_random_bits_into."""
     h = h ^ T.shift_right(h, T.uint32(16))
     h = h * T.uint32(0x85EBCA6B)
     h = h ^ T.shift_right(h, T.uint32(13))
@@ -70,8 +69,8 @@ def fmix32(h):
 def sr_random_bits(value_bits, index):
     """32 random bits for stochastic rounding of the element at `index` (int32, taken mod 2^32)
     whose fp32 bit pattern is `value_bits` (uint32): fmix32(bits ^ fmix32(index * golden + c)).
-    Equal inputs give equal bits (deterministic); tilebake.torch.stochastic.random_bits is the
-    reference."""
+    Equal inputs give equal bits (deterministic); tilebake.torch.stochastic.sr_random_bits is the
+    reference. Expression form (large); kernels use sr_random_bits_into."""
     k = fmix32(T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15))
     return fmix32(value_bits ^ k)
 
@@ -120,3 +119,21 @@ def sr_float32_to_e4m3_bits(x, rbits):
         a > T.uint32(0x7F800000), T.uint32(0x7F), T.if_then_else(a >= T.uint32(0x43E00000), T.uint32(0x7E), code)
     )
     return code | sign
+
+
+@T.macro
+def sr_random_bits_into(h, value_bits, index):
+    """Statement form of sr_random_bits: writes the 32 random bits into h[0], a
+    T.alloc_local((1,), "uint32") register, one step per statement (no expression blow-up)."""
+    h[0] = T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] * T.uint32(0x85EBCA6B)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
+    h[0] = h[0] * T.uint32(0xC2B2AE35)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] ^ value_bits
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] * T.uint32(0x85EBCA6B)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
+    h[0] = h[0] * T.uint32(0xC2B2AE35)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
