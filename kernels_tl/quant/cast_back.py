@@ -33,6 +33,8 @@ class LaunchConfig:
 # LaunchConfig split); per_token_cast's best (128 threads, 2 rows, 16 elements) fell to 76% here.
 # Retune with `python bench/tune.py build|run cast_back`.
 DEFAULT_CONFIG = LaunchConfig()
+# Untuned guess for e2m1: 16 elements a thread make its data load 8 bytes rather than 4.
+DEFAULT_CONFIG_E2M1 = LaunchConfig(elems_per_thread=16)
 
 
 def candidate_configs():
@@ -50,9 +52,10 @@ def candidate_configs():
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded per vector
 
 
-def build(v: CastBackVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build(v: CastBackVariant, cfg: LaunchConfig = None):
     out_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.out_dtype]
     e2m1 = v.in_fmt == "e2m1"
+    cfg = cfg or (DEFAULT_CONFIG_E2M1 if e2m1 else DEFAULT_CONFIG)
     ept = cfg.elems_per_thread
     assert ept in (8, 16), cfg
     xvec = ept // 2 if e2m1 else ept  # data bytes a thread loads per row
