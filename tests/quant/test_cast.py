@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilebake
-from tests.helpers import assert_bytes_equal
+from tests.helpers import assert_bytes_equal, poison_allocator_
 from tilebake.torch.stochastic import stochastic_cast
 
 E4M3 = torch.float8_e4m3fn
@@ -128,6 +128,7 @@ def test_gpu_sr_bit_exact(shape, src, dst):
     if x.numel() > 20:  # specials and fp32 denormals too
         x.view(-1)[:10] = torch.tensor([448.0, 470.0, float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-40,
                                         -3e-39, 2**-18], device="cuda").to(src)  # fmt: skip
+    poison_allocator_("cuda")  # y starts as 0xFF bytes
     y = tilebake.quant.cast(x, dst, True)
     assert_bytes_equal(y, stochastic_cast(x.cpu(), dst).cuda(), "gpu vs reference")
     assert_bytes_equal(tilebake.quant.cast(x, dst, True), y, "deterministic")

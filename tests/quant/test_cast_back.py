@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilebake
-from tests.helpers import assert_bytes_equal
+from tests.helpers import assert_bytes_equal, poison_allocator_
 from tests.quant.test_per_token_cast import make_input
 
 # (out fmt, num_per_channels, round_sf, packed UE8M0, column-major SF)
@@ -171,6 +171,8 @@ def check_blocks(num_tokens, hidden, layout, out_fmt, device, row_stride=None):
     x, q = block_quantized(num_tokens, hidden, layout, device, row_stride)
     data_fmt, block = layout[0], layout[1]
     expected = tilebake.torch.cast_back(q, data_fmt, block, out_dtype=OUT_DTYPES[out_fmt])
+    if device == "cuda":
+        poison_allocator_(device)  # y is allocated from memory full of 0xFF (NaN) bytes
     y = tilebake.quant.cast_back(q, out_fmt, block)
     assert_bytes_equal(y, expected, f"cast_back {data_fmt} {block}")
     assert y.is_contiguous() and not y.isnan().any()
