@@ -117,7 +117,10 @@ def build(v: PerTokenCastAndCastBackVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                     if e2m1:
                         d = e2m1_decode_float32(e2m1_encode(q))
                     else:
-                        d = T.cast(T.cast(T.clamp(q, -fmt_max, fmt_max), "float8_e4m3fn"), "float32")
+                        # fminf/fmaxf would turn a NaN into +-448; the reference keeps it NaN.
+                        d = T.if_then_else(
+                            T.isnan(q), q, T.cast(T.cast(T.clamp(q, -fmt_max, fmt_max), "float8_e4m3fn"), "float32")
+                        )
                     ys[j] = T.cast(d * sf, in_dtype)
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(vec):
