@@ -43,8 +43,9 @@ def e2m1_decode_float32(code):
 def e2m1_encode(q):
     """fp32 q -> e2m1 code in an int32 (numerics.md step 4): m = |q|, NaN/inf -> 6, min(m, 6);
     rne(2m) below 2, rne(m) + 2 below 4, rne(m/2) + 4 above; bit 3 = sign bit of q."""
-    # CUDA's fminf returns the non-NaN operand: NaN -> 6, and inf -> 6.
-    m = T.min(T.abs(q), T.float32(6))
+    # |q| by clearing the sign bit (what fabsf does). CUDA's fminf returns the non-NaN operand:
+    # NaN -> 6, and inf -> 6.
+    m = T.min(T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32"), T.float32(6))
     mag = T.if_then_else(
         m < T.float32(2),
         T.nearbyint(m * T.float32(2)),
