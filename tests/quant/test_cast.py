@@ -132,3 +132,9 @@ def test_gpu_sr_bit_exact(shape, src, dst):
     y = tilebake.quant.cast(x, dst, True)
     assert_bytes_equal(y, stochastic_cast(x.cpu(), dst).cuda(), "gpu vs reference")
     assert_bytes_equal(tilebake.quant.cast(x, dst, True), y, "deterministic")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    x = many_binades(64, torch.float32, "cpu")
+    y = torch.compile(lambda t: tilebake.quant.cast(t, E4M3, True), fullgraph=True, backend="aot_eager")(x)
+    assert_bytes_equal(y, stochastic_cast(x, E4M3), "compiled")

@@ -227,3 +227,11 @@ def test_gpu_ue8m0_byte_zero_and_255():
     sf = torch.tensor([[0x000000FF], [0x7F7F7F00]], dtype=torch.int32, device="cuda")  # bytes 255, 0
     y = tilebake.quant.cast_back((data, sf), "fp32", (1, 32))
     assert_bytes_equal(y, tilebake.torch.cast_back((data, sf), "e4m3", (1, 32), out_dtype=torch.float32), "y")
+
+
+def test_cpu_torch_compile_e2m1_blocks():
+    _, q = block_quantized(64, 256, ("e2m1", (32, 32), True, True, False, False), "cpu")
+    y = torch.compile(
+        lambda d, s: tilebake.quant.cast_back((d, s), "fp32", (32, 32)), fullgraph=True, backend="aot_eager"
+    )(*q)
+    assert_bytes_equal(y, tilebake.torch.cast_back(q, "e2m1", (32, 32), out_dtype=torch.float32), "y")

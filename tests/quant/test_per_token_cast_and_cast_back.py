@@ -86,3 +86,15 @@ def test_gpu_bit_exact(num_tokens, hidden, case):
 def test_gpu_amax_clamp_is_a_runtime_argument():
     tilebake.config.set_amax_clamp_for_quant("e4m3", False, 0.5)
     check(64, 512, (torch.bfloat16, "e4m3", 128, False, False), "cuda")
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    x = make_input(8, 256, torch.bfloat16, "cpu")
+    expected = tilebake.torch.per_token_cast_and_cast_back_ref(x, "e2m1", 32)
+
+    def f(t):
+        tilebake.quant.per_token_cast_and_cast_back(t, "e2m1", 32)
+        return t * 1
+
+    y = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
+    assert_bytes_equal(y, expected, "compiled")
