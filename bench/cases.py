@@ -291,3 +291,58 @@ def swiglu_backward_case(num_tokens, hidden):
 
 CASES["swiglu_forward"] = [swiglu_forward_case]
 CASES["swiglu_backward"] = [swiglu_backward_case]
+
+
+def cast_back_e2m1_case(num_tokens, hidden):
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda")
+        return (tilebake.torch.cast(x, "e2m1", (1, 32), round_sf=True, use_packed_ue8m0=True),)
+
+    return {
+        "op": "cast_back",
+        "variant": "e2m1 1x32 packed UE8M0 SF -> bf16",
+        "make": make,
+        "fn": lambda q: tilebake.quant.cast_back(q, "bf16", (1, 32)),
+        "ref": lambda q: tilebake.torch.cast_back(q, "e2m1", (1, 32)),
+        "bytes": num_tokens * hidden * 5 // 2 + num_tokens * (hidden // 128) * 4,
+    }
+
+
+def per_token_cast_and_cast_back_case(num_tokens, hidden):
+    # In place: make() also returns an untouched copy, from which ref computes the expected bytes
+    # (fn overwrites x and returns it, so the one-off comparison sees fn's result).
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        return (x, x.clone())
+
+    def fn(x, original):
+        tilebake.quant.per_token_cast_and_cast_back(x, "e4m3", 128)
+        return x
+
+    return {
+        "op": "per_token_cast_and_cast_back",
+        "variant": "bf16 in place, e4m3 1x128, fp32 SF",
+        "make": make,
+        "fn": fn,
+        "ref": lambda x, original: tilebake.torch.per_token_cast_and_cast_back_ref(original, "e4m3", 128),
+        "bytes": num_tokens * hidden * (2 + 2),
+    }
+
+
+def cast_sr_case(num_tokens, hidden):
+    def make():
+        return (torch.randn(num_tokens, hidden, device="cuda"),)
+
+    return {
+        "op": "cast",
+        "variant": "fp32 -> bf16, stochastic rounding",
+        "make": make,
+        "fn": lambda x: tilebake.quant.cast(x, torch.bfloat16, stochastic_rounding=True),
+        "ref": lambda x: tilebake.torch.stochastic_cast(x, torch.bfloat16),
+        "bytes": num_tokens * hidden * (4 + 2),
+    }
+
+
+CASES["cast_back"].append(cast_back_e2m1_case)
+CASES["per_token_cast_and_cast_back"] = [per_token_cast_and_cast_back_case]
+CASES["cast"] = [cast_sr_case]

@@ -17,3 +17,11 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     a kernel forgets to write cannot pass as a correct one."""
     torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).fill_(0xFF)
     return t
+
+
+def poison_allocator_(device, nbytes: int = 1 << 28) -> None:
+    """Fill `nbytes` of the CUDA caching allocator's memory with 0xFF and free it, so that the
+    next allocations (an op's freshly allocated outputs) start as NaN bytes: an element a kernel
+    forgets to write cannot pass as a correct one."""
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(0xFF)
+    del block

@@ -1,79 +1,140 @@
-"""cast_back: dequantise per-token FP8 e4m3 blocks, y = data * sf, to bf16 or fp32.
+"""cast_back: dequantise FP8 e4m3 / packed FP4 e2m1 blocks, y = data * sf, to bf16 or fp32.
 
-Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
-Each thread owns 8 consecutive elements (one SF group, since num_per_channels >= 16);
-UE8M0 bytes b decode to 2^(b - 127) through the fp32 exponent bits. Sizes and strides
-are runtime arguments; SF strides cover row-major and TMA-aligned column-major alike.
+Build time only: `build(variant, cfg)` returns the PrimFunc that build_tools/aot.py lowers.
+
+Thread mapping (LaunchConfig): each thread owns `elems_per_thread` consecutive logical elements
+of `rows_per_thread` rows; `threads_per_row` threads cover a row tile. The SF block (bm, bk) is
+a runtime argument: the host guarantees bk % 16 == 0 (all of a thread's elements share one
+scale; row block = row // bm, column block = col // bk, int32 divisions once per row) or, for
+per-channel variants, bk == 1 (one scale per element, column block = col). SF kinds: fp32,
+float8_e4m3fn (widened), packed UE8M0 (bytes 2^(b - 127), packed along K, or along M when
+per-channel). SF strides are runtime, so row- and column-major SF share one binary.
+e2m1 data are int8 (T, H/2), the even element in the low nibble.
 """
+
+import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import per_token_sf_buffer
+from kernels_tl.quant.common import e2m1_decode_float32, ue8m0_to_float32
 from tilebake.quant.cast_back import CastBackVariant
 
-# Measured on the H200 (bench/results/2026-11-30-NVIDIA-H200): this config reached 89% of
-# copy bandwidth at 16384 x 7168; per_token_cast's tuned one (128 threads, 2 rows, 16
-# elements a thread) fell to 76% here.
-THREADS = 256
-THREADS_PER_ROW = 64
-ROWS_PER_THREAD = 4
-VEC = 8
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int = 256
+    threads_per_row: int = 64
+    rows_per_thread: int = 4  # independent loads in flight per thread
+    elems_per_thread: int = 8  # consecutive logical elements a thread owns per row (8 or 16)
+
+
+# Measured on the H200 (bench/results/2026-11-30-NVIDIA-H200): e4m3 (1, 128) fp32 SF -> bf16 at
+# 16384 x 7168 reached 89% of copy bandwidth with this config (the one-config kernel before the
+# LaunchConfig split); per_token_cast's best (128 threads, 2 rows, 16 elements) fell to 76% here.
+# Retune with `python bench/tune.py build|run cast_back`.
+DEFAULT_CONFIG = LaunchConfig()
+# Untuned guess for e2m1: 16 elements a thread make its data load 8 bytes rather than 4.
+DEFAULT_CONFIG_E2M1 = LaunchConfig(elems_per_thread=16)
+
+
+def candidate_configs():
+    """The search space bench/tune.py times on a GPU."""
+    return [
+        LaunchConfig(t, tpr, r, ept)
+        for t in (128, 256, 512)
+        for tpr in (32, 64, 128)
+        for r in (1, 2, 4)
+        for ept in (8, 16)
+        if tpr <= t
+    ]
+
+
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded per vector
 
 
-def build(v: CastBackVariant):
+def build(v: CastBackVariant, cfg: LaunchConfig = None):
     out_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.out_dtype]
-    npc = v.num_per_channels
-    rows_per_pass = THREADS // THREADS_PER_ROW
-    rows_per_cta = rows_per_pass * ROWS_PER_THREAD
-    cols_per_cta = THREADS_PER_ROW * VEC
+    e2m1 = v.in_fmt == "e2m1"
+    cfg = cfg or (DEFAULT_CONFIG_E2M1 if e2m1 else DEFAULT_CONFIG)
+    ept = cfg.elems_per_thread
+    assert ept in (8, 16), cfg
+    xvec = ept // 2 if e2m1 else ept  # data bytes a thread loads per row
+    THREADS, TPR, RPT = cfg.threads, cfg.threads_per_row, cfg.rows_per_thread
+    rows_per_pass = THREADS // TPR
+    rows_per_cta = rows_per_pass * RPT
+    cols_per_cta = TPR * ept  # logical columns
 
     num_tokens = T.dynamic("num_tokens")
-    hidden = T.dynamic("hidden")
+    x_cols = T.dynamic("x_cols")  # physical columns of the data: H, or H / 2 for e2m1
     x_stride = T.dynamic("x_stride")
-    sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, hidden, npc, v.packed_ue8m0)
+    sf_d0 = T.dynamic("sf_d0")
+    sf_d1 = T.dynamic("sf_d1")
+    sf_stride_0 = T.dynamic("sf_stride_0")
+    sf_stride_1 = T.dynamic("sf_stride_1")
+    hidden = x_cols * 2 if e2m1 else x_cols
+    if v.sf_kind == "ue8m0":  # bytes [word-or-row, col-or-word, byte-in-word], strides in bytes
+        sf_shape, sf_strides, sf_dtype = (sf_d0, sf_d1, 4), (sf_stride_0, sf_stride_1, 1), "uint8"
+    else:
+        sf_shape, sf_strides = (sf_d0, sf_d1), (sf_stride_0, sf_stride_1)
+        sf_dtype = {"fp32": "float32", "e4m3": "float8_e4m3fn"}[v.sf_kind]
+
+    def load_sf(S, rb, cb):
+        """The fp32 scale of SF block (rb, cb)."""
+        if v.sf_kind == "ue8m0":
+            if v.per_channel:  # packed along M
+                return ue8m0_to_float32(S[rb // 4, cb, rb % 4])
+            return ue8m0_to_float32(S[rb, cb // 4, cb % 4])
+        return T.cast(S[rb, cb], "float32")
 
     @T.prim_func
     def cast_back_kernel(
-        X: T.StridedTensor((num_tokens, hidden), (x_stride, 1), "float8_e4m3fn"),
+        X: T.StridedTensor((num_tokens, x_cols), (x_stride, 1), "int8" if e2m1 else "float8_e4m3fn"),
         S: T.StridedTensor(sf_shape, sf_strides, sf_dtype),
         Y: T.Tensor((num_tokens, hidden), out_dtype),
+        block_m: T.int32,
+        block_k: T.int32,
     ):
         # 1-D grid, column tile fastest (see per_token_cast.py).
         with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
-            # Registers, so the divisions run once per CTA rather than inlined into every
-            # index (where they became 64-bit divisions and halved the bandwidth).
+            # Registers, so the divisions run once per CTA rather than inlined into every index.
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")
             bx = b // T.ceildiv(hidden, cols_per_cta)
             by = b % T.ceildiv(hidden, cols_per_cta)
             T.assume(x_stride % 16 == 0)
-            T.assume(hidden % VEC == 0)
+            T.assume(x_cols % 8 == 0)
             tx = T.get_thread_binding(0)
-            col = by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC
-            group = col // npc
-            xs = T.alloc_local((ROWS_PER_THREAD, VEC), "float8_e4m3fn")
-            sfs = T.alloc_local((ROWS_PER_THREAD,), "float32")
-            ys = T.alloc_local((VEC,), out_dtype)
-            for u in T.unroll(ROWS_PER_THREAD):
-                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+            col = by * cols_per_cta + (tx % TPR) * ept  # logical
+            cb = T.alloc_var("int32")
+            cb = col // block_k
+            xs = T.alloc_local((RPT, xvec), "int8" if e2m1 else "float8_e4m3fn")
+            sfs = T.alloc_local((RPT, ept), "float32")
+            ys = T.alloc_local((ept,), out_dtype)
+            for u in T.unroll(RPT):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
                 if row < num_tokens and col < hidden:
-                    for j in T.vectorized(VEC):
+                    for j in T.vectorized(xvec):
                         xs[u, j] = X[
-                            row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j
-                        ]  # col, spelled out: the vectorizer must see it is a multiple of VEC
-                    if v.packed_ue8m0:
-                        sfs[u] = T.reinterpret(
-                            T.shift_left(T.cast(S[row, group // 4, group % 4], "int32"), 23), "float32"
-                        )
+                            row, by * (cols_per_cta // (2 if e2m1 else 1)) + (tx % TPR) * xvec + j
+                        ]  # the physical column, spelled out so the vectorizer sees a multiple of xvec
+                    rb = T.alloc_var("int32")
+                    rb = row // block_m
+                    if v.per_channel:
+                        for j in T.unroll(ept):
+                            sfs[u, j] = load_sf(S, rb, col + j)
                     else:
-                        sfs[u] = S[row, group]
-            for u in T.unroll(ROWS_PER_THREAD):
-                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
+                        sfs[u, 0] = load_sf(S, rb, cb)
+            for u in T.unroll(RPT):
+                row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
                 if row < num_tokens and col < hidden:
-                    for j in T.vectorized(VEC):
-                        ys[j] = T.cast(T.cast(xs[u, j], "float32") * sfs[u], out_dtype)
-                    for j in T.vectorized(VEC):
-                        Y[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * VEC + j] = ys[j]
+                    for j in T.unroll(ept):
+                        if e2m1:
+                            code = (T.cast(xs[u, j // 2], "int32") >> (4 * (j % 2))) & 15
+                            value = e2m1_decode_float32(code)
+                        else:
+                            value = T.cast(xs[u, j], "float32")
+                        ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
+                    for j in T.vectorized(ept):
+                        Y[row, by * cols_per_cta + (tx % TPR) * ept + j] = ys[j]
 
     return cast_back_kernel

@@ -49,3 +49,124 @@ def e2m1_value(code):
     twice = T.if_then_else(k < 4, k, 2 * (2 + (k & 1)) * ((k >> 1) - 1))
     v = T.cast(twice, "float32") * T.float32(0.5)
     return T.if_then_else((code & 8) != 0, -v, v)
+
+
+# --- Element codecs and stochastic rounding (expression builders: call them inside a prim_func) ---
+#
+# Each returns a TIR expression; the references are in src/tilebake/torch/cast.py (e2m1) and
+# src/tilebake/torch/stochastic.py (SR, the hash), written step for step the same way.
+
+
+def ue8m0_to_float32(byte):
+    """UE8M0 byte b -> 2^(b - 127) via the fp32 bits (0 -> 2^-127, a denormal; 255 -> inf)."""
+    b = T.cast(byte, "int32")
+    return T.reinterpret(T.if_then_else(b == 0, T.int32(1 << 22), T.shift_left(b, 23)), "float32")
+
+
+def e2m1_decode_float32(code):
+    """e2m1 code (low 4 bits of an int32) -> fp32, through its bits: magnitude code 0b(e m) is
+    m * 0.5 for e == 0, else 2^(e-1) * (1 + m/2); bit 3 is the sign."""
+    e = (code >> 1) & 3
+    m = code & 1
+    mag = T.if_then_else(e == 0, m * T.int32(0x3F000000), ((e + 126) << 23) | (m << 22))
+    return T.reinterpret(mag | ((code & 8) << 28), "float32")
+
+
+def e2m1_encode(q):
+    """fp32 q -> e2m1 code in an int32 (numerics.md step 4): m = |q|, NaN/inf -> 6, min(m, 6);
+    rne(2m) below 2, rne(m) + 2 below 4, rne(m/2) + 4 above; bit 3 = sign bit of q."""
+    # |q| by clearing the sign bit (what fabsf does). CUDA's fminf returns the non-NaN operand:
+    # NaN -> 6, and inf -> 6.
+    m = T.min(T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32"), T.float32(6))
+    mag = T.if_then_else(
+        m < T.float32(2),
+        T.nearbyint(m * T.float32(2)),
+        T.if_then_else(m < T.float32(4), T.nearbyint(m) + T.float32(2), T.nearbyint(m * T.float32(0.5)) + T.float32(4)),
+    )
+    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(31))
+    return T.cast(mag, "int32") | (T.cast(sign, "int32") << 3)
+
+
+def fmix32(h):
+    """MurmurHash3's 32-bit finaliser (uint32 -> uint32): every input bit flips each output bit
+    with probability close to 1/2. An expression builder: `h` appears several times in the
+    result, so pass a register, not a large expression (nesting two of these multiplies the
+    expression tree); inside kernels prefer the statement form, sr_random_bits_into."""
+    h = h ^ T.shift_right(h, T.uint32(16))
+    h = h * T.uint32(0x85EBCA6B)
+    h = h ^ T.shift_right(h, T.uint32(13))
+    h = h * T.uint32(0xC2B2AE35)
+    return h ^ T.shift_right(h, T.uint32(16))
+
+
+def sr_random_bits(value_bits, index):
+    """32 random bits for stochastic rounding of the element at `index` (int32, taken mod 2^32)
+    whose fp32 bit pattern is `value_bits` (uint32): fmix32(bits ^ fmix32(index * golden + c)).
+    Equal inputs give equal bits (deterministic); tilebake.torch.stochastic.sr_random_bits is the
+    reference. Expression form (large); kernels use sr_random_bits_into."""
+    k = fmix32(T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15))
+    return fmix32(value_bits ^ k)
+
+
+def sr_float32_to_bfloat16_bits(x, rbits):
+    """Stochastic rounding fp32 -> bf16, as the bf16 bit pattern (uint32, low 16 bits).
+
+    Adds the top 16 random bits to the 16 bits bf16 drops, then truncates: rounds away from
+    zero with probability (dropped bits) / 2^16, exactly the distance to the lower neighbour over
+    the gap. Overflow past the largest finite bf16 gives inf (the next value up); NaN keeps its
+    sign and top payload bits, made quiet."""
+    bits = T.reinterpret(x, "uint32")
+    is_nan = (bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)
+    rounded = T.shift_right(bits + T.shift_right(rbits, T.uint32(16)), T.uint32(16))
+    return T.if_then_else(is_nan, T.shift_right(bits, T.uint32(16)) | T.uint32(0x40), rounded)
+
+
+def sr_float32_to_e4m3_bits(x, rbits):
+    """Stochastic rounding fp32 -> float8_e4m3fn, as the e4m3 byte (uint32, low 8 bits).
+
+    |x| = sig * 2^(E - 23) with a 24-bit significand; e4m3 keeps 3 fraction bits down to E = -6
+    (then a fixed step of 2^-9), so d = 20 + max(-6 - E, 0) low bits of sig are dropped. The
+    result rounds up with probability rem / 2^d (rem = the dropped bits), decided exactly by
+    comparing rem with the top d random bits (d <= 32); for d > 32 (|x| < 2^-18) rem is first
+    truncated to 32 bits. Codes: (max(E, -6) + 6) * 8 + (sig >> d) + up, where a carry into the
+    next binade is just the next code. |x| >= 448 (inf too) saturates to +-448, like the quant
+    kernels' clamp and the satfinite conversion; NaN -> 0x7F with the sign of x."""
+    bits = T.reinterpret(x, "uint32")
+    sign = T.shift_right(bits, T.uint32(24)) & T.uint32(0x80)
+    a = bits & T.uint32(0x7FFFFFFF)
+    ef = T.cast(T.shift_right(a, T.uint32(23)), "int32")
+    e = T.max(ef, 1) - 127  # fp32 denormals share the exponent of the smallest normal
+    sig = (a & T.uint32(0x7FFFFF)) | T.if_then_else(ef > 0, T.uint32(0x800000), T.uint32(0))
+    d = 20 + T.max(-6 - e, 0)
+    du = T.cast(T.min(d, 32), "uint32")
+    kept = T.if_then_else(d < 32, T.shift_right(sig, T.min(du, T.uint32(31))), T.uint32(0))
+    rem = T.if_then_else(
+        d < 32,
+        sig & (T.shift_left(T.uint32(1), T.min(du, T.uint32(31))) - T.uint32(1)),
+        T.if_then_else(d - 32 < 24, T.shift_right(sig, T.cast(T.min(T.max(d - 32, 0), 31), "uint32")), T.uint32(0)),
+    )
+    threshold = T.if_then_else(d < 32, T.shift_right(rbits, T.uint32(32) - T.min(du, T.uint32(31))), rbits)
+    up = T.if_then_else(threshold < rem, T.uint32(1), T.uint32(0))
+    code = T.cast((T.max(e, -6) + 6) * 8, "uint32") + kept + up
+    code = T.if_then_else(
+        a > T.uint32(0x7F800000), T.uint32(0x7F), T.if_then_else(a >= T.uint32(0x43E00000), T.uint32(0x7E), code)
+    )
+    return code | sign
+
+
+@T.macro
+def sr_random_bits_into(h, value_bits, index):
+    """Statement form of sr_random_bits: writes the 32 random bits into h[0], a
+    T.alloc_local((1,), "uint32") register, one step per statement (no expression blow-up)."""
+    h[0] = T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] * T.uint32(0x85EBCA6B)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
+    h[0] = h[0] * T.uint32(0xC2B2AE35)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] ^ value_bits
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+    h[0] = h[0] * T.uint32(0x85EBCA6B)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
+    h[0] = h[0] * T.uint32(0xC2B2AE35)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))

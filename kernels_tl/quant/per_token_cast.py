@@ -269,7 +269,7 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                         inv = T.float32(1) / S[row, group]
                 else:
                     # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
-                # inf gets e = 128, whose inverse clamps to 0 (as the reference).
+                    # inf gets e = 128, whose inverse clamps to 0 (as the reference).
                     e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
                     inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32")
                     if sf_mode == SF_ROUND:

@@ -1,6 +1,7 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
+from tilebake.quant.cast import CastVariant
 from tilebake.quant.cast_back import CastBackVariant
 from tilebake.quant.norm_backward import NormBackwardVariant
 from tilebake.quant.norm_forward import NormForwardCastVariant, NormForwardVariant
@@ -8,12 +9,15 @@ from tilebake.quant.per_block_cast import PerBlockCastVariant
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
 from tilebake.quant.per_channel_cast import PerChannelCastVariant
 from tilebake.quant.per_token_cast import PerTokenCastVariant
+from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
 from tilebake.quant.swiglu_backward import SwigluBackwardVariant
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 VARIANT_TYPES = (
     PerTokenCastVariant,
     CastBackVariant,
+    PerTokenCastAndCastBackVariant,
+    CastVariant,
     PerBlockCastVariant,
     PerChannelCastVariant,
     PerBlockCastLosslessVariant,

@@ -1,4 +1,4 @@
-"""cast_back / per_token_cast_back: dequantise per-token FP8 e4m3 blocks to bf16 or fp32.
+"""cast_back / per_token_cast_back: dequantise FP8 e4m3 or packed FP4 e2m1 blocks to bf16 or fp32.
 
 Validate, allocate, launch. The kernel is kernels_tl/quant/cast_back.py; the reference
 (and the CPU path) is tilebake.torch.cast_back.
@@ -8,21 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 
 import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.quant._common import (
-    NUM_PER_CHANNELS,
-    QuantTensor,
-    check_aligned,
-    check_fmt,
-    check_num_per_channels,
-    check_out_sf,
-    check_rows,
-    sf_strides_for_kernel,
-)
+from tilebake.quant._common import QuantTensor, check_aligned, check_fmt, check_rows
 from tilebake.utils import ceil_div
 
 
@@ -31,94 +23,130 @@ class CastBackVariant(Variant):
     family = "quant"
     op = "cast_back"
 
+    in_fmt: str  # 'e4m3' (float8_e4m3fn data) | 'e2m1' (int8, two codes a byte)
     out_dtype: str  # 'bf16' | 'fp32'
-    num_per_channels: int
-    packed_ue8m0: bool  # SF given as UE8M0 bytes packed 4 to an int32
+    sf_kind: str  # 'fp32' | 'e4m3' | 'ue8m0' (4 bytes packed in an int32)
+    per_channel: bool  # SF block (bm, 1): one scale per element column
 
     @classmethod
     def all(cls):
         return tuple(
-            cls(out_dtype, npc, packed)
-            for out_dtype, npc, packed in itertools.product(("bf16", "fp32"), NUM_PER_CHANNELS, (False, True))
+            cls(*key)
+            for key in itertools.product(("e4m3", "e2m1"), ("bf16", "fp32"), ("fp32", "e4m3", "ue8m0"), (False, True))
         )
 
 
 _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-_KEYS: dict[tuple, int] = {}  # validated (fmt, x_block_size, x_special_fmt) -> num_per_channels
+_IN_FMTS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1", torch.uint8: "e2m1"}
+_SF_KINDS = {torch.float32: "fp32", torch.float8_e4m3fn: "e4m3", torch.int32: "ue8m0"}
+_KEYS: dict[tuple, tuple[int, int]] = {}  # validated (fmt, x_block_size, x_special_fmt) -> (bm, bk)
 
 
-def _key_of(fmt, x_block_size, x_special_fmt) -> int:
+def _key_of(fmt, x_block_size, x_special_fmt) -> tuple[int, int]:
     """Check the non-tensor arguments; remember the valid combination."""
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt is reserved and must be None, got {x_special_fmt!r}")
     check_fmt(fmt, tuple(_OUT_DTYPES))
     try:
-        block_m, num_per_channels = x_block_size
+        block_m, block_k = (operator.index(b) for b in x_block_size)
     except (TypeError, ValueError):
-        raise ValueError(f"x_block_size must be a pair (1, num_per_channels), got {x_block_size!r}") from None
-    if block_m != 1:
-        raise NotImplementedError(
-            f"x_block_size must be (1, num_per_channels) (per-block input is not built yet), got {x_block_size!r}"
-        )
-    check_num_per_channels(num_per_channels)
+        raise ValueError(f"x_block_size must be a pair (bm, bk) of positive ints, got {x_block_size!r}") from None
+    if block_m < 1 or block_k < 1 or isinstance(block_m, bool) or isinstance(block_k, bool):
+        raise ValueError(f"x_block_size must be a pair (bm, bk) of positive ints, got {x_block_size!r}")
+    if block_k != 1 and block_k % 16:
+        raise ValueError(f"x_block_size[1] (bk) must be 1 (per-channel) or a multiple of 16, got {x_block_size!r}")
     try:
-        _KEYS[fmt, x_block_size, x_special_fmt] = num_per_channels
+        _KEYS[fmt, x_block_size, x_special_fmt] = (block_m, block_k)
     except TypeError:  # an unhashable x_block_size (a list) is valid, just not cached
         pass
-    return num_per_channels
+    return block_m, block_k
+
+
+def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
+    """The SF tensor's kind; its shape for (bm, bk), its device; no column-major per-channel SF."""
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"x[1] must be a torch.Tensor, got {type(sf).__name__}")
+    sf_kind = _SF_KINDS.get(sf.dtype)
+    if sf_kind is None:
+        raise TypeError(
+            f"x[1] must be torch.float32, torch.float8_e4m3fn or torch.int32 (packed UE8M0), got {sf.dtype}"
+        )
+    rows, cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
+    if sf_kind == "ue8m0":
+        shape = (ceil_div(rows, 4), cols) if block_k == 1 else (rows, ceil_div(cols, 4))
+    else:
+        shape = (rows, cols)
+    if tuple(sf.shape) != shape:
+        raise ValueError(
+            f"x[1] must have shape {shape} for data of {num_tokens} x {hidden} and x_block_size "
+            f"{(block_m, block_k)} ({sf_kind} SF), got {tuple(sf.shape)}"
+        )
+    if sf.device != data.device:
+        raise ValueError(f"x[1] must be on {data.device}, got {sf.device}")
+    if block_k == 1 and shape[0] > 1 and shape[1] > 1 and sf.stride(0) == 1:
+        raise ValueError(
+            "x[1] must be row-major when x_block_size[1] == 1 (column-major per-channel SF is not allowed)"
+        )
+    return sf_kind
 
 
 _KERNELS = KernelTable(
-    CastBackVariant, ("X", "S", "Y", "num_tokens", "hidden", "x_stride", "sf_stride_t", "sf_stride_g")
-)
+    CastBackVariant,
+    ("X", "S", "Y", "block_m", "block_k", "num_tokens", "x_cols", "x_stride", "sf_stride_0", "sf_stride_1"),
+)  # fmt: skip
 
 
 def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> torch.Tensor:
     """Dequantise `x = (data, sf)`: y = data * sf per block, rounded to `fmt`.
 
     Args:
-        x: data e4m3 (T, H) (last dim contiguous, rows 16-byte aligned, H a multiple of
-            16) and its SF: fp32 (T, ceil(H/npc)) or packed UE8M0 int32
-            (T, ceil(ceil(H/npc)/4)), row-major or TMA-aligned column-major (any strides).
+        x: data e4m3 (T, H) or packed e2m1 int8 (T, H/2) (last dim contiguous, rows 16-byte
+            aligned, H a multiple of 16), and its SF: fp32, float8_e4m3fn or packed UE8M0 int32,
+            of shape (ceil(T/bm), ceil(H/bk)) (UE8M0: four to a word along H, or along T when
+            bk == 1), row-major or TMA-aligned column-major (any strides; row-major only when
+            bk == 1). The data format and SF kind come from the dtypes.
         fmt: output format, 'bf16' or 'fp32'.
-        x_block_size: the SF block, (1, num_per_channels) with num_per_channels in 16, 32, 64, 128.
+        x_block_size: the SF block (bm, bk): bm >= 1, bk a multiple of 16 or 1 (per-channel).
         x_special_fmt: reserved, must be None.
     """
     # Validate: the non-tensor arguments once per combination, the tensors every call.
     try:
-        num_per_channels = _KEYS[fmt, x_block_size, x_special_fmt]
+        block_m, block_k = _KEYS[fmt, x_block_size, x_special_fmt]
     except (KeyError, TypeError):
-        num_per_channels = _key_of(fmt, x_block_size, x_special_fmt)
+        block_m, block_k = _key_of(fmt, x_block_size, x_special_fmt)
     try:
         data, sf = x
     except (TypeError, ValueError):
         raise TypeError("x must be a (data, sf) tuple of tensors") from None
-    if not (isinstance(data, torch.Tensor) and data.dtype == torch.float8_e4m3fn):
-        if not isinstance(data, torch.Tensor):
-            raise TypeError("x must be a (data, sf) tuple of tensors")
-        raise NotImplementedError(f"x[0] must be float8_e4m3fn (e2m1 input is not built yet), got {data.dtype}")
-    num_tokens, hidden = check_rows(data, "x[0]", hidden_multiple=16)
-    packed = isinstance(sf, torch.Tensor) and sf.dtype == torch.int32
-    check_out_sf(sf, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), packed, data)
+    if not isinstance(data, torch.Tensor):
+        raise TypeError("x must be a (data, sf) tuple of tensors")
+    in_fmt = _IN_FMTS.get(data.dtype)
+    if in_fmt is None:
+        raise TypeError(f"x[0] must be torch.float8_e4m3fn (e4m3) or torch.int8 (packed e2m1), got {data.dtype}")
+    e2m1 = in_fmt == "e2m1"
+    num_tokens, x_cols = check_rows(data, "x[0]", hidden_multiple=8 if e2m1 else 16)
+    hidden = 2 * x_cols if e2m1 else x_cols
+    sf_kind = _check_sf(sf, data, num_tokens, hidden, block_m, block_k)
     if torch.compiler.is_compiling():
-        return torch.ops.tilebake.cast_back(data, sf, fmt, num_per_channels)
+        return torch.ops.tilebake.cast_back(data, sf, fmt, block_m, block_k)
 
     if not data.is_cuda:  # the slow path: the reference allocates its own (contiguous) output
         from tilebake.torch import cast_back as reference
 
-        return reference((data, sf), "e4m3", (1, num_per_channels), out_dtype=_OUT_DTYPES[fmt]).contiguous()
+        return reference((data, sf), in_fmt, (block_m, block_k), out_dtype=_OUT_DTYPES[fmt]).contiguous()
 
     # Allocate, then launch.
     out = data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
-    if num_tokens == 0:
+    if num_tokens == 0 or hidden == 0:
         return out
     data_ptr = data.data_ptr()
     if data_ptr % 16:
         check_aligned(data_ptr, "x[0]")
-    sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, packed)
-    _KERNELS[fmt, num_per_channels, packed](
+    scale = 4 if sf_kind == "ue8m0" else 1  # the kernel addresses packed SF in bytes
+    _KERNELS[in_fmt, fmt, sf_kind, block_k == 1](
         data.get_device(),
-        data_ptr, sf.data_ptr(), out.data_ptr(), num_tokens, hidden, data.stride(0), sf_stride_t, sf_stride_g,
+        data_ptr, sf.data_ptr(), out.data_ptr(), block_m, block_k, num_tokens, x_cols, data.stride(0),
+        sf.stride(0) * scale, sf.stride(1) * scale,
     )  # fmt: skip
     return out
 
@@ -131,8 +159,16 @@ def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int, x_speci
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
 
 _lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("cast_back(Tensor data, Tensor sf, str fmt, int num_per_channels) -> Tensor")
+_lib.define("cast_back(Tensor data, Tensor sf, str fmt, int block_m, int block_k) -> Tensor")
 for _key in ("CPU", "CUDA"):
-    _lib.impl("cast_back", lambda data, sf, fmt, npc: cast_back((data, sf), fmt, (1, npc)), _key)
+    _lib.impl("cast_back", lambda data, sf, fmt, bm, bk: cast_back((data, sf), fmt, (bm, bk)), _key)
+
+
 # The shape function as a Meta kernel, what torch.compile's fake tensors run.
-_lib.impl("cast_back", lambda data, sf, fmt, npc: data.new_empty(data.shape, dtype=_OUT_DTYPES[fmt]), "Meta")
+def _meta(data, sf, fmt, bm, bk):
+    num_tokens, cols = data.shape
+    hidden = cols if data.dtype == torch.float8_e4m3fn else 2 * cols
+    return data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+
+
+_lib.impl("cast_back", _meta, "Meta")

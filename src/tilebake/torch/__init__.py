@@ -1,8 +1,10 @@
 """Plain-PyTorch reference implementations: the correctness oracles; also the slow path on CPU tensors."""
 
-from .cast import cast, cast_back
+from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
+from .fake_quant import per_token_cast_and_cast_back_ref
 from .norm import norm_backward_ref, norm_forward_ref
+from .stochastic import stochastic_cast
 from .swiglu import get_mapping_from_psum, swiglu_backward, swiglu_forward
 from .weight_sf import batched_transpose_weight_sf
 
@@ -14,6 +16,9 @@ __all__ = [
     "norm_backward_ref",
     "norm_forward_ref",
     "per_block_cast_lossless",
+    "per_token_cast_and_cast_back_ref",
+    "stochastic_cast",
     "swiglu_backward",
     "swiglu_forward",
+    "unpack_from_e2m1fn_x2",
 ]

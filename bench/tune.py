@@ -1,0 +1,179 @@
+"""Launch-config search for an op whose kernel module has `LaunchConfig` and `candidate_configs()`
+(generalises tune_per_token_cast.py): cast_back, per_token_cast_and_cast_back, cast.
+
+python bench/tune.py build .carry/tune cast_back   # build host: lower + nvcc every candidate (sm_90a)
+python bench/tune.py run .carry/tune cast_back     # GPU: time each candidate's cubin, check its bytes
+
+Each candidate is checked once against the shipped op (same bytes) and timed at the SHAPES below;
+the best config per (variant, shape) is printed with its % of copy bandwidth.
+"""
+
+import dataclasses
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [(16384, 7168), (4096, 7168), (4096, 4096)]
+
+
+def _variants(op):
+    """The variants worth tuning (the benchmarked ones), as keyword dicts of the Variant fields."""
+    return {
+        "cast_back": [
+            dict(in_fmt="e4m3", out_dtype="bf16", sf_kind="fp32", per_channel=False),
+            dict(in_fmt="e2m1", out_dtype="bf16", sf_kind="ue8m0", per_channel=False),
+        ],
+        "per_token_cast_and_cast_back": [dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128)],
+        "cast": [dict(in_dtype="fp32", out_dtype="bf16")],
+    }[op]
+
+
+def _variant_type(op):
+    sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
+    from tilebake._registry import VARIANT_TYPES
+
+    return next(t for t in VARIANT_TYPES if t.op == op)
+
+
+def _stem(v, cfg):
+    return v.id + "." + ".".join(f"{k}{val}" for k, val in dataclasses.asdict(cfg).items())
+
+
+def build(out: Path, op: str):
+    vt = _variant_type(op)
+    import os
+
+    import aot
+    import tilelang
+
+    kernels = importlib.import_module(f"kernels_tl.quant.{op}")
+    tl = os.path.dirname(tilelang.__file__)
+    for fields in _variants(op):
+        v = vt(**fields)
+        for cfg in kernels.candidate_configs():
+            stem = _stem(v, cfg)
+            try:
+                aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
+            except BaseException as e:  # a config the kernel cannot express
+                print("skip", stem, e)
+                continue
+            subprocess.run(
+                ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
+                 "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
+                 str(out / "sm_90a" / f"{stem}.cu")],
+                check=True,
+            )  # fmt: skip
+            print("built", stem, flush=True)
+
+
+def _setup(op, key, t, h):
+    """(fresh input args list, values(args) -> kernel argument dict, output(args), expected(args), bytes)."""
+    import torch
+
+    import tilebake
+
+    if op == "cast_back":
+        e2m1 = key["in_fmt"] == "e2m1"
+        npc = 32 if e2m1 else 128
+        packed = key["sf_kind"] == "ue8m0"
+
+        def make():
+            x = torch.randn(t, h, device="cuda")
+            q = tilebake.torch.cast(x, key["in_fmt"], (1, npc), round_sf=packed, use_packed_ue8m0=packed)
+            return (q, torch.empty(t, h, dtype=torch.bfloat16, device="cuda"))
+
+        def values(q, y):
+            data, sf = q
+            scale = 4 if packed else 1
+            return dict(X=data.data_ptr(), S=sf.data_ptr(), Y=y.data_ptr(), block_m=1, block_k=npc, num_tokens=t,
+                        x_cols=data.shape[1], x_stride=data.stride(0), sf_stride_0=sf.stride(0) * scale,
+                        sf_stride_1=sf.stride(1) * scale)  # fmt: skip
+
+        return (
+            make,
+            values,
+            (lambda q, y: y),
+            (lambda q, y: tilebake.quant.cast_back(q, "bf16", (1, npc))),
+            (t * h * (0.5 if e2m1 else 1) + t * h * 2),
+        )
+    if op == "per_token_cast_and_cast_back":
+
+        def make():
+            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            return (x, x.clone())
+
+        def values(x, original):
+            return dict(X=x.data_ptr(), amax_clamp=1e-4, round_sf=0, use_e4m3_sf=0, num_tokens=t, hidden=h, x_stride=h)
+
+        def expected(x, original):
+            y = original.clone()
+            tilebake.quant.per_token_cast_and_cast_back(y, "e4m3", key["num_per_channels"])
+            return y
+
+        return make, values, (lambda x, original: x), expected, t * h * 4
+    if op == "cast":
+
+        def make():
+            return (torch.randn(t, h, device="cuda"), torch.empty(t, h, dtype=torch.bfloat16, device="cuda"))
+
+        def values(x, y):
+            return dict(X=x.data_ptr(), Y=y.data_ptr(), num_groups=t * h // 4)
+
+        return make, values, (lambda x, y: y), (lambda x, y: tilebake.quant.cast(x, torch.bfloat16, True)), t * h * 6
+    raise SystemExit(f"no tuning setup for {op}")
+
+
+def run(out: Path, op: str):
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import harness
+
+    from tilebake._runtime import loader
+
+    launcher = loader._native()
+    copy = harness.copy_bandwidth_gbs()
+    rows = []
+    for meta_path in sorted((out / "sm_90a").glob(f"{op}.*.json")):
+        meta = json.loads(meta_path.read_text())
+        if meta["op"] != op:
+            continue
+        stem = meta_path.stem
+        handle = launcher.load((out / "sm_90a" / f"{stem}.cubin").read_bytes(), meta["entry"], 0, 0)
+        names = tuple(p["name"] for p in meta["params"])
+        sig = "".join(p["kind"] for p in meta["params"]).encode()
+        grid = loader._compile_grid(meta["grid"], names, stem)
+        block = tuple(int(b) for b in meta["block"])
+        for t, h in SHAPES:
+            make, values, output, expected, nbytes = _setup(op, meta["key"], t, h)
+            inputs = [make() for _ in range(harness.rotation_count(int(nbytes)))]
+
+            def call(*args):
+                v = values(*args)
+                a = tuple(v[n] for n in names)
+                launcher.launch(handle, grid(*a), block, 0, torch.cuda.current_stream().cuda_stream, sig, a)
+
+            want = expected(*inputs[0])  # before the call: the in-place op overwrites its input
+            call(*inputs[0])
+            got = output(*inputs[0])
+            ok = torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            us = harness.time_gpu(call, inputs, reps=30)["median_us"]
+            gbs = nbytes / us / 1e3
+            rows.append((stem, t, h, us, gbs, 100 * gbs / copy, ok))
+            print(f"{stem:110s} {t:6d}x{h:5d} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}% "
+                  f"{'ok' if ok else 'MISMATCH'}", flush=True)  # fmt: skip
+    best = {}
+    for r in rows:
+        k = (r[0].split(".threads")[0], r[1], r[2])
+        if r[6] and (k not in best or r[4] > best[k][4]):
+            best[k] = r
+    print(f"copy {copy:.0f} GB/s; best per variant and shape:")
+    for k, r in best.items():
+        print(f"  {k}: {r[0].split('.threads')[1]} {r[4]:.0f} GB/s ({r[5]:.1f}%)")
+
+
+if __name__ == "__main__":
+    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,98 @@
+"""cast: element-wise dtype cast of a contiguous tensor, round-to-nearest-even or stochastic.
+
+Round-to-nearest pairs among fp32 / bf16 / e4m3 use torch's own `.to` (a kernel would bring
+nothing). Stochastic rounding (SR) pairs fp32 -> bf16, fp32 -> e4m3, bf16 -> e4m3 launch
+kernels_tl/quant/cast.py; the reference (and the CPU path) is tilebake.torch.stochastic_cast.
+SR is deterministic: its random bits hash each input's bits with its flat index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import check_aligned
+
+
+@dataclasses.dataclass(frozen=True)
+class CastVariant(Variant):
+    family = "quant"
+    op = "cast"
+
+    in_dtype: str  # 'fp32' | 'bf16'
+    out_dtype: str  # 'bf16' | 'e4m3'
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*key) for key in (("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")))
+
+
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+_SR_PAIRS = {("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")}
+_KERNELS = KernelTable(CastVariant, ("X", "Y", "num_groups"))
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
+    """Cast the contiguous tensor `x` (any shape) to `dtype`.
+
+    Args:
+        x: fp32, bf16 or float8_e4m3fn, contiguous.
+        dtype: torch.float32, torch.bfloat16 or torch.float8_e4m3fn.
+        stochastic_rounding: round to one of the two neighbours, up with probability equal to
+            the distance from the lower one over the gap (unbiased); only fp32 -> bf16,
+            fp32 -> e4m3 and bf16 -> e4m3, with x.numel() % 4 == 0. Deterministic: equal
+            inputs give equal outputs. To e4m3, |x| >= 448 and inf saturate to +-448 (as torch's
+            .to does) and NaN stays NaN; to bf16, NaN stays NaN and values past the largest
+            finite bf16 may round to inf.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    src = _NAMES.get(x.dtype)
+    if src is None:
+        raise TypeError(f"x must be float32, bfloat16 or float8_e4m3fn, got {x.dtype}")
+    dst = _NAMES.get(dtype)
+    if dst is None:
+        raise TypeError(f"dtype must be torch.float32, torch.bfloat16 or torch.float8_e4m3fn, got {dtype!r}")
+    if not isinstance(stochastic_rounding, bool):
+        raise TypeError(f"stochastic_rounding must be a bool, got {stochastic_rounding!r}")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous, got shape {tuple(x.shape)} with strides {x.stride()}")
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"x must be on a CUDA device or the CPU, got {x.device}")
+    if not stochastic_rounding:
+        return x.to(dtype)
+    if (src, dst) not in _SR_PAIRS:
+        raise ValueError(
+            f"stochastic_rounding=True supports fp32->bf16, fp32->e4m3 and bf16->e4m3 (x, dtype), got {src}->{dst}"
+        )
+    numel = x.numel()
+    if numel % 4:
+        raise ValueError(f"stochastic_rounding=True needs x.numel() % 4 == 0, got numel {numel}")
+    if numel >= 2**31:
+        raise ValueError(f"stochastic_rounding=True needs x.numel() < 2^31 (a 32-bit element index), got {numel}")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.stochastic_cast(x, dtype)
+    if not x.is_cuda:  # the slow path
+        from tilebake.torch import stochastic_cast
+
+        return stochastic_cast(x, dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if numel == 0:
+        return out
+    x_ptr = x.data_ptr()
+    if x_ptr % 16:
+        check_aligned(x_ptr, "x")
+    _KERNELS[src, dst](x.get_device(), x_ptr, out.data_ptr(), numel // 4)
+    return out
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the SR path; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define("stochastic_cast(Tensor x, ScalarType dtype) -> Tensor")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("stochastic_cast", lambda x, dtype: cast(x, dtype, True), _key)
+_lib.impl("stochastic_cast", lambda x, dtype: torch.empty(x.shape, dtype=dtype, device=x.device), "Meta")

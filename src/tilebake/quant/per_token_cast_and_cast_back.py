@@ -1,0 +1,110 @@
+"""per_token_cast_and_cast_back: in-place fake quantisation of x (quantise per (1, npc) block to
+FP8 e4m3 or FP4 e2m1, dequantise, write back in x's dtype) in one pass over x.
+
+Validate, launch. The kernel is kernels_tl/quant/per_token_cast_and_cast_back.py; the reference
+(and the CPU path) is tilebake.torch.per_token_cast_and_cast_back_ref.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import torch
+
+from tilebake import config
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.quant._common import NUM_PER_CHANNELS, check_aligned, check_fmt, check_num_per_channels, check_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTokenCastAndCastBackVariant(Variant):
+    family = "quant"
+    op = "per_token_cast_and_cast_back"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    fmt: str  # 'e4m3' | 'e2m1'
+    num_per_channels: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*key) for key in itertools.product(("bf16", "fp32"), ("e4m3", "e2m1"), NUM_PER_CHANNELS))
+
+
+_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_KEYS: dict[tuple, tuple] = {}  # validated (dtype, fmt, npc, round_sf, use_e4m3_sf) -> variant key
+
+
+def _key_of(x, fmt, num_per_channels, round_sf, use_e4m3_sf) -> tuple:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    in_dtype = _IN_DTYPES.get(x.dtype)
+    if in_dtype is None:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    check_fmt(fmt, ("e4m3", "e2m1"))
+    check_num_per_channels(num_per_channels)
+    for name, flag in (("round_sf", round_sf), ("use_e4m3_sf", use_e4m3_sf)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if round_sf and use_e4m3_sf:
+        raise ValueError("use_e4m3_sf=True is incompatible with round_sf=True")
+    key = (in_dtype, fmt, num_per_channels)
+    _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf] = key
+    return key
+
+
+_KERNELS = KernelTable(
+    PerTokenCastAndCastBackVariant,
+    ("X", "amax_clamp", "round_sf", "use_e4m3_sf", "num_tokens", "hidden", "x_stride"),
+)
+
+
+def per_token_cast_and_cast_back(
+    x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False, use_e4m3_sf: bool = False
+) -> None:
+    """Fake-quantise `x` in place: x <- cast_back(per_token_cast(x, fmt, npc, ...)) in x's dtype.
+
+    Args:
+        x: (T, H) bf16 or fp32, last dim contiguous, rows 16-byte aligned (any row stride that
+            is a multiple of 16 bytes), H a multiple of 16 (a last partial block is scaled over
+            its valid elements).
+        fmt: 'e4m3' or 'e2m1'.
+        num_per_channels: block width, one of 16, 32, 64, 128.
+        round_sf: scales rounded up to powers of two.
+        use_e4m3_sf: scales stored as float8_e4m3fn (not with round_sf).
+    The amax clamp is config.get_amax_clamp_for_quant(fmt, use_e4m3_sf). CPU tensors take the
+    pure-torch reference path (same bytes).
+    """
+    try:
+        key = _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
+    except (KeyError, AttributeError, TypeError):
+        key = _key_of(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
+    num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)
+    amax_clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
+    if torch.compiler.is_compiling():
+        torch.ops.tilebake.per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
+        return None
+    if not x.is_cuda:  # the slow path
+        from tilebake.torch import per_token_cast_and_cast_back_ref
+
+        x.copy_(per_token_cast_and_cast_back_ref(x, fmt, num_per_channels, round_sf, use_e4m3_sf, amax_clamp))
+        return None
+    if num_tokens == 0 or hidden == 0:
+        return None
+    x_ptr = x.data_ptr()
+    if x_ptr % 16:
+        check_aligned(x_ptr, "x")
+    _KERNELS[key](x.get_device(), x_ptr, amax_clamp, int(round_sf), int(use_e4m3_sf), num_tokens, hidden, x.stride(0))
+    return None
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "per_token_cast_and_cast_back(Tensor(a!) x, str fmt, int num_per_channels, bool round_sf, bool use_e4m3_sf) -> ()"
+)
+for _key in ("CPU", "CUDA"):
+    _lib.impl("per_token_cast_and_cast_back", per_token_cast_and_cast_back, _key)
+_lib.impl("per_token_cast_and_cast_back", lambda x, fmt, npc, round_sf, use_e4m3_sf: None, "Meta")

@@ -1,0 +1,115 @@
+"""The TileLang SR and e2m1/UE8M0 codec helpers (kernels_tl/quant/common.py) agree bit for bit with the torch reference
+(tilebake.torch.stochastic, tilebake.torch.cast), checked on the CPU: the helpers are lowered through TVM's C target,
+the loop body is compiled with the host C compiler and run through ctypes. Needs tilelang and a C
+compiler (the build environment); skipped elsewhere. The GPU tests check the CUDA kernels."""
+
+import ctypes
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tilebake.torch.cast import e2m1_decode, e2m1_encode, ue8m0_to_fp32
+from tilebake.torch.stochastic import _fp32_bits, sr_float32_to_bfloat16_bits, sr_float32_to_e4m3_bits
+
+tilelang = pytest.importorskip("tilelang")
+CC = shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.fixture(scope="module")
+def helpers_lib(tmp_path_factory):
+    if CC is None:
+        pytest.skip("no C compiler")
+    import tilelang.language as T
+    from tilelang import tvm
+
+    from kernels_tl.quant.common import e2m1_decode_float32, e2m1_encode, ue8m0_to_float32
+    from kernels_tl.quant.common import sr_float32_to_bfloat16_bits as e_bf16
+    from kernels_tl.quant.common import sr_float32_to_e4m3_bits as e_e4m3
+
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def sr(
+        X: T.Tensor((n,), "float32"),
+        R: T.Tensor((n,), "uint32"),
+        Y: T.Tensor((n,), "uint32"),
+        Z: T.Tensor((n,), "uint32"),
+        C: T.Tensor((n,), "int32"),
+        D: T.Tensor((n,), "float32"),
+        U: T.Tensor((n,), "float32"),
+    ):
+        for i in T.serial(n):
+            Y[i] = e_e4m3(X[i], R[i])
+            Z[i] = e_bf16(X[i], R[i])
+            C[i] = e2m1_encode(X[i])
+            D[i] = e2m1_decode_float32(T.cast(R[i] & T.uint32(15), "int32"))
+            U[i] = ue8m0_to_float32(T.cast(R[i] & T.uint32(255), "uint8"))
+
+    source = tvm.compile(sr, target="c").mod.inspect_source()
+    # The loop over i, as TVM's C codegen printed it, inside a plain C function.
+    start = source.index("for (int32_t i = 0; i < n; ++i) {")
+    depth, end = 0, start
+    for end in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[end], 0)
+        if depth == 0 and source[end] == "}":
+            break
+    loop = source[start : end + 1]
+    assert re.search(r"\bY\)\[i\]", loop) and re.search(r"\bZ\)\[i\]", loop), loop[:500]
+    tmp = tmp_path_factory.mktemp("sr")
+    (tmp / "sr.c").write_text(
+        "#include <stdint.h>\n#include <stdbool.h>\n"
+        "#include <math.h>\n"
+        "void sr(void* X, void* R, void* Y, void* Z, void* C, void* D, void* U, int32_t n) {\n" + loop + "\n}\n"
+    )
+    subprocess.run(
+        [CC, "-O1", "-fno-strict-aliasing", "-fPIC", "-shared", "-o", str(tmp / "sr.so"), str(tmp / "sr.c"), "-lm"],
+        check=True,
+    )
+    return ctypes.CDLL(str(tmp / "sr.so"))
+
+
+def run(lib, x, r):
+    n = x.numel()
+    y, z, c = (torch.zeros(n, dtype=torch.int32) for _ in range(3))
+    d, u = torch.zeros(n), torch.zeros(n)
+    r32 = r.to(torch.int64).bitwise_and(0xFFFFFFFF).to(torch.int32)  # same bits as the uint32
+    x = x.contiguous()
+    lib.sr(
+        ctypes.c_void_p(x.data_ptr()),
+        ctypes.c_void_p(r32.data_ptr()),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_void_p(z.data_ptr()),
+        ctypes.c_void_p(c.data_ptr()),
+        ctypes.c_void_p(d.data_ptr()),
+        ctypes.c_void_p(u.data_ptr()),
+        ctypes.c_int32(n),
+    )
+    return y.to(torch.int64) & 0xFFFFFFFF, z.to(torch.int64) & 0xFFFFFFFF, c, d, u
+
+
+def test_helpers_match_reference(helpers_lib):
+    n = 1 << 16
+    x = torch.randn(n) * torch.exp2(torch.randint(-140, 12, (n,)).float())
+    specials = [448.0, 449.0, 464.0, 1e30, float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-45, -3e-39,
+                2.0**-18, 2.0**-9, 3 * 2.0**-10, 3.3895313892515355e38, -3.39e38]  # fmt: skip
+    x[: len(specials)] = torch.tensor(specials)
+    r = torch.randint(0, 2**32, (n,), dtype=torch.int64)
+    r[: 2 * len(specials) : 2] = 0xFFFFFFFF  # extremes of the random bits too
+    r[1 : 2 * len(specials) : 2] = 0
+    y, z, c, d, u = run(helpers_lib, x, r)
+    want_y = sr_float32_to_e4m3_bits(x, r)
+    want_z = sr_float32_to_bfloat16_bits(x, r)
+    bad = (y != want_y).nonzero()
+    assert bad.numel() == 0, f"e4m3: {bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {y[bad[:3, 0]].tolist()}"
+    bad = (z != want_z).nonzero()
+    assert bad.numel() == 0, f"bf16: {bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {z[bad[:3, 0]].tolist()}"
+    assert (_fp32_bits(x) >= 0).all()
+    # The e2m1 codec (encode of x; decode of random codes) and the UE8M0 decode (random bytes).
+    q = x * 4.0
+    _, _, c, _, _ = run(helpers_lib, q, r)
+    assert torch.equal(c, e2m1_encode(q).to(torch.int32)), (c != e2m1_encode(q).to(torch.int32)).nonzero()[:5]
+    assert torch.equal(d.view(torch.int32), e2m1_decode(r & 15).view(torch.int32))
+    assert torch.equal(u.view(torch.int32), ue8m0_to_fp32(r & 255).view(torch.int32))
