@@ -2,11 +2,21 @@
 # Runs on the GPU machine (Python 3.12, torch 2.11, no tilelang, no network): installs the
 # wheel built on the GPU-less build host, runs the GPU tests and the benchmark.
 #   usage: bash bench/run_on_device.sh [pytest args...]     (results under $OUT)
+#   SKIP_TESTS=1: benchmark only; SKIP_BENCH=1: tests only; BENCH_ARGS: passed to bench.py;
+#   TEST_FILES: the test files (default: all), run as parallel pytest processes on the one GPU
+#   (the tests are host-bound, so this cuts the wall time several times).
 set -uo pipefail
 OUT=${OUT:-bench/results}
 python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/tilebake-*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import sys, torch, tilebake; print(sys.version.split()[0], torch.__version__, tilebake.__file__)"
-[ "${SKIP_TESTS:-0}" = 1 ] || python3 -m pytest tests -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-python3 bench/bench.py 2>&1 | tee "$OUT/bench.log" | tail -45
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  mkdir -p "$OUT/tests"
+  files=${TEST_FILES:-$(find tests -name 'test_*.py' | sort)}
+  printf '%s\n' $files | xargs -P 8 -I{} sh -c \
+    'python3 -m pytest "{}" -q -p no:cacheprovider -rf "$@" > "$0/tests/$(echo {} | tr / _).log" 2>&1' "$OUT" "$@"
+  for log in "$OUT"/tests/*.log; do echo "$(basename "$log"): $(tail -1 "$log")"; done | tee "$OUT/gpu_tests.log"
+  grep -h "^FAILED\|^ERROR" "$OUT"/tests/*.log | cut -c1-300 | head -60
+fi
+[ "${SKIP_BENCH:-0}" = 1 ] || python3 bench/bench.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
