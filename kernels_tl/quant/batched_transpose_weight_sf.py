@@ -7,7 +7,8 @@ One thread per output int32 word: row `row` (a row of the weight, or of its tran
 [row >> log2(bs), 4w .. 4w+3] (zero past the last block). Reading the input through runtime
 strides makes the transposed layout (sf1) the same kernel with the strides swapped; rows vary
 fastest across threads, so the MN-major output is written coalesced. The host checks the
-scales are powers of two before the launch.
+scales are powers of two before the launch (not while a CUDA graph is captured, where it cannot
+sync); a bad scale that reaches the kernel becomes the UE8M0 NaN byte 0xFF.
 """
 
 import tilelang.language as T
@@ -59,7 +60,12 @@ def build(v: BatchedTransposeWeightSfVariant):
                         bits = T.reinterpret(
                             SF[g * in_stride_g + (row >> shift) * in_stride_r + c * in_stride_c], "int32"
                         )
-                        word = word | T.shift_left(T.shift_right(bits, 23) & 255, 8 * j)
+                        # A scale that is not a positive normal power of two (the host checks,
+                        # except under CUDA-graph capture) becomes 0xFF, UE8M0's NaN: never a
+                        # silently wrong scale.
+                        exponent = T.shift_right(bits, 23) & 255
+                        bad = (bits & T.int32(-2139095041)) != 0 or exponent == 0  # 0x807FFFFF: sign, mantissa
+                        word = word | T.shift_left(T.if_then_else(bad, 255, exponent), 8 * j)
                 OUT[g * out_stride_g + row * out_stride_r + w * out_stride_w] = word
 
     return batched_transpose_weight_sf_kernel

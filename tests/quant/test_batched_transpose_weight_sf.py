@@ -144,6 +144,28 @@ def test_gpu_rejects_non_power_of_two():
         tilebake.quant.batched_transpose_weight_sf([sf], 128, [True])
 
 
+@pytest.mark.gpu
+def test_gpu_graph_capture_marks_a_bad_scale_as_nan():
+    """Under CUDA-graph capture the host check cannot sync: the kernel writes 0xFF (UE8M0 NaN)
+    for the bad scale's byte, and the right bytes everywhere else."""
+    sf = make_sf((4, 8), "cuda")
+    good = sf.clone()
+    sf[2, 3] = 0.75
+    expected = tilebake.torch.batched_transpose_weight_sf([good], 128, [False])[0][0]
+    outs = [(torch.empty_like(expected), None)]
+    tilebake.quant.batched_transpose_weight_sf([good], 128, [False], outs)  # loads the kernel before capture
+    with pytest.raises(ValueError, match="powers of two"):
+        tilebake.quant.batched_transpose_weight_sf([sf], 128, [False], outs)  # outside a graph: the host check
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tilebake.quant.batched_transpose_weight_sf([sf], 128, [False], outs)
+    graph.replay()
+    want = expected.clone()
+    # Scale [2, 3] is byte 3 (the top byte) of word 0 in the 128 rows of block row 2.
+    want[2 * 128 : 3 * 128, 0] = (want[2 * 128 : 3 * 128, 0] & 0x00FFFFFF) | -0x1000000
+    assert_bytes_equal(outs[0][0], want, "sf0")
+
+
 # The op's module (tilebake.quant.batched_transpose_weight_sf is the function of that name).
 op_module = importlib.import_module("tilebake.quant.batched_transpose_weight_sf")
 TABLES = [(op_module._KERNELS, op_module.BatchedTransposeWeightSfVariant.all())]

@@ -235,3 +235,15 @@ def test_cpu_torch_compile_e2m1_blocks():
         lambda d, s: tilebake.quant.cast_back((d, s), "fp32", (32, 32)), fullgraph=True, backend="aot_eager"
     )(*q)
     assert_bytes_equal(y, tilebake.torch.cast_back(q, "e2m1", (32, 32), out_dtype=torch.float32), "y")
+
+
+def test_row_alignment_follows_the_data_format():
+    """Packed e2m1 rows are read 8 bytes at a time (so 8-byte rows are enough); e4m3 rows 16."""
+    sf = torch.ones(4, 2)
+    e2m1 = torch.zeros(4, 40, dtype=torch.int8)[:, :32]  # rows of 40 bytes: accepted
+    assert tilebake.quant.cast_back((e2m1, sf), "bf16", (1, 32)).shape == (4, 64)
+    with pytest.raises(ValueError, match=r"x\[0\]'s row stride must be a multiple of 8 bytes"):
+        tilebake.quant.cast_back((torch.zeros(4, 36, dtype=torch.int8)[:, :32], sf), "bf16", (1, 32))
+    e4m3 = torch.zeros(4, 72, dtype=torch.float8_e4m3fn)[:, :64]
+    with pytest.raises(ValueError, match=r"x\[0\]'s row stride must be a multiple of 16 bytes"):
+        tilebake.quant.cast_back((e4m3, sf), "bf16", (1, 32))

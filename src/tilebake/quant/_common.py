@@ -28,24 +28,24 @@ def check_sf_options(round_sf: bool, use_packed_ue8m0: bool) -> None:
         raise ValueError("use_packed_ue8m0=True needs round_sf=True (UE8M0 holds only powers of two)")
 
 
-def check_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> tuple[int, int]:
-    """A (T, H) matrix whose rows the kernels read as 16-byte vectors. One combined test
-    on the hot path; the exact complaint is worked out only when it fails."""
+def check_rows(x: torch.Tensor, name: str, hidden_multiple: int, row_bytes: int = 16) -> tuple[int, int]:
+    """A (T, H) matrix whose rows the kernels read as `row_bytes`-byte vectors. One combined
+    test on the hot path; the exact complaint is worked out only when it fails."""
     if x.dim() == 2:
         num_tokens, hidden = x.shape
         row_stride, col_stride = x.stride()
         if not (
             hidden % hidden_multiple
             or (col_stride != 1 and hidden > 1)
-            or (num_tokens > 1 and (row_stride * x.element_size()) % 16)
+            or (num_tokens > 1 and (row_stride * x.element_size()) % row_bytes)
             or not (x.is_cuda or x.is_cpu)
         ):
             return num_tokens, hidden
-    _explain_rows(x, name, hidden_multiple)
+    _explain_rows(x, name, hidden_multiple, row_bytes)
     raise AssertionError("unreachable")
 
 
-def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> None:
+def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int, row_bytes: int = 16) -> None:
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
     num_tokens, hidden = x.shape
@@ -55,19 +55,20 @@ def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int) -> None:
         raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
     if hidden > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
-    if num_tokens > 1 and (x.stride(0) * x.element_size()) % 16:
+    if num_tokens > 1 and (x.stride(0) * x.element_size()) % row_bytes:
         raise ValueError(
-            f"{name}'s row stride must be a multiple of 16 bytes, "
+            f"{name}'s row stride must be a multiple of {row_bytes} bytes, "
             f"got {x.stride(0)} elements of {x.element_size()} bytes"
         )
 
 
-def check_aligned(pointer: int, name: str) -> None:
-    """Kernels read and write whole 16-byte vectors. Checked at launch, where the data
-    pointers are at hand anyway (and not while torch.compile traces, where they are not)."""
-    if pointer % 16:
+def check_aligned(pointer: int, name: str, alignment: int = 16) -> None:
+    """Kernels read and write whole vectors (16 bytes unless said). Checked at launch, where the
+    data pointers are at hand anyway (and not while torch.compile traces, where they are not)."""
+    if pointer % alignment:
         raise ValueError(
-            f"{name} must start at a 16-byte aligned address (a view with a misaligned offset?), got {pointer:#x}"
+            f"{name} must start at a {alignment}-byte aligned address (a view with a misaligned offset?), "
+            f"got {pointer:#x}"
         )
 
 

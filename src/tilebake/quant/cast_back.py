@@ -101,7 +101,7 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
 
     Args:
         x: data e4m3 (T, H) or packed e2m1 int8 (T, H/2) (last dim contiguous, rows 16-byte
-            aligned, H a multiple of 16), and its SF: fp32, float8_e4m3fn or packed UE8M0 int32,
+            aligned, or 8-byte for e2m1; H a multiple of 16), and its SF: fp32, float8_e4m3fn or packed UE8M0 int32,
             of shape (ceil(T/bm), ceil(H/bk)) (UE8M0: four to a word along H, or along T when
             bk == 1), row-major or TMA-aligned column-major (any strides; row-major only when
             bk == 1). The data format and SF kind come from the dtypes.
@@ -124,7 +124,9 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     if in_fmt is None:
         raise TypeError(f"x[0] must be torch.float8_e4m3fn (e4m3) or torch.int8 (packed e2m1), got {data.dtype}")
     e2m1 = in_fmt == "e2m1"
-    num_tokens, x_cols = check_rows(data, "x[0]", hidden_multiple=8 if e2m1 else 16)
+    # Packed e2m1 rows are read 8 bytes a thread (DEFAULT_CONFIG_E2M1), so 8-byte rows suffice.
+    row_bytes = 8 if e2m1 else 16
+    num_tokens, x_cols = check_rows(data, "x[0]", hidden_multiple=8 if e2m1 else 16, row_bytes=row_bytes)
     hidden = 2 * x_cols if e2m1 else x_cols
     sf_kind = _check_sf(sf, data, num_tokens, hidden, block_m, block_k)
     if torch.compiler.is_compiling():
@@ -140,8 +142,8 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     if num_tokens == 0 or hidden == 0:
         return out
     data_ptr = data.data_ptr()
-    if data_ptr % 16:
-        check_aligned(data_ptr, "x[0]")
+    if data_ptr % row_bytes:
+        check_aligned(data_ptr, "x[0]", row_bytes)
     scale = 4 if sf_kind == "ue8m0" else 1  # the kernel addresses packed SF in bytes
     _KERNELS[in_fmt, fmt, sf_kind, block_k == 1](
         data.get_device(),
