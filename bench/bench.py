@@ -13,6 +13,7 @@ start in a fresh process. Writes bench/results/<date>-<gpu>/bench.{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def same_bytes(a, b) -> bool:
     return len(la) == len(lb) and all(
         x.shape == y.shape
         and x.dtype == y.dtype
-        and torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
+        # reshape(-1): a dense 1-D view (or copy) whatever the strides, which view(uint8) needs.
+        and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
         for x, y in zip(la, lb)
     )
 
@@ -84,7 +86,8 @@ def host_cost() -> dict:
     result["two_allocations_us"] = harness.host_us_per_call(
         lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ()
     )
-    kernel = sys.modules["tilebake.quant.per_token_cast"]._KERNELS["bf16", 128, False, False]
+    module = sys.modules["tilebake.quant.per_token_cast"]
+    kernel = module._KERNELS[dataclasses.astuple(module.PerTokenCastVariant("bf16", "e4m3", 128, "fp32"))]
     d, s = q
     result["bare_launch_us"] = harness.host_us_per_call(
         lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ()
