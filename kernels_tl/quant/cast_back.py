@@ -28,13 +28,12 @@ class LaunchConfig:
     elems_per_thread: int = 8  # consecutive logical elements a thread owns per row (8 or 16)
 
 
-# Measured on the H200 (bench/results/2026-11-30-NVIDIA-H200): e4m3 (1, 128) fp32 SF -> bf16 at
-# 16384 x 7168 reached 89% of copy bandwidth with this config (the one-config kernel before the
-# LaunchConfig split); per_token_cast's best (128 threads, 2 rows, 16 elements) fell to 76% here.
-# Retune with `python bench/tune.py build|run cast_back`.
-DEFAULT_CONFIG = LaunchConfig()
-# Untuned guess for e2m1: 16 elements a thread make its data load 8 bytes rather than 4.
-DEFAULT_CONFIG_E2M1 = LaunchConfig(elems_per_thread=16)
+# Chosen by `python bench/tune.py run .carry/tune cast_back` on the H200 (bench/results/
+# 2026-11-30-NVIDIA-H200/issue4/tune_cast_back.log), at 16384 x 7168 -> bf16: e4m3 (1, 128) fp32 SF
+# 91.0% of copy bandwidth (the previous 256 x 4 rows x 8 elements: 88.4%); e2m1 (1, 32) UE8M0
+# 67.3%, the best of the search space (8-byte data loads; below the 90% bar).
+DEFAULT_CONFIG = LaunchConfig(threads=512, threads_per_row=64, rows_per_thread=1, elems_per_thread=16)
+DEFAULT_CONFIG_E2M1 = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=4, elems_per_thread=16)
 
 
 def candidate_configs():
