@@ -89,3 +89,39 @@ def test_launcher_links_neither_libtorch_nor_libcuda():
         libraries
     )
     assert ".abi3." in Path(_launcher.__file__).name  # Python's stable ABI: every CPython >= 3.10
+
+
+def _kernel_tables():
+    """Every KernelTable the ops launch through (module globals, or dicts of them)."""
+    import importlib
+    import pkgutil
+
+    import tilebake.quant
+
+    tables = []
+    for info in pkgutil.iter_modules(tilebake.quant.__path__):
+        module = importlib.import_module(f"tilebake.quant.{info.name}")
+        for value in vars(module).values():
+            # A KernelTable is itself a dict (of loaded kernels): test for it first.
+            candidates = (
+                [value]
+                if isinstance(value, loader.KernelTable)
+                else (value.values() if isinstance(value, dict) else [])
+            )
+            tables += [t for t in candidates if isinstance(t, loader.KernelTable)]
+    return tables
+
+
+def test_every_kernel_takes_the_parameters_an_op_passes(manifest):
+    """What the loader checks at a variant's first GPU launch, checked here for every built
+    kernel: its parameters (TileLang drops unused ones) are exactly the argument names of one of
+    the launch tables of its op."""
+    names_by_op = {}
+    for table in _kernel_tables():
+        names_by_op.setdefault(table.variant_type.op, []).append(sorted(table.arg_names))
+    for vid, per_arch in manifest["kernels"].items():
+        op = vid.split(".")[0]
+        assert op in names_by_op, f"{op} has no KernelTable"
+        for arch, entry in per_arch.items():
+            params = sorted(p["name"] for p in entry["params"])
+            assert params in names_by_op[op], (vid, arch, params)

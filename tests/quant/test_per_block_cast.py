@@ -1,7 +1,6 @@
 """per_block_cast (+ _with_sf_only, _with_precomputed_sf): argument checks (CPU), the CPU
 path, and bit-exact GPU results against the reference (tilebake.torch.cast with (bm, bk))."""
 
-import importlib
 import itertools
 
 import pytest
@@ -246,31 +245,6 @@ def test_gpu_rejects_misaligned_pointers():
     x = torch.zeros(4 * 128 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(4, 128)
     with pytest.raises(ValueError, match="x must start at a 16-byte aligned address"):
         tilebake.quant.per_block_cast(x, "e4m3", (32, 32))
-
-
-# The op's module (tilebake.quant.per_block_cast is the function of that name).
-op_module = importlib.import_module("tilebake.quant.per_block_cast")
-TABLES = [(op_module._KERNELS, op_module.PerBlockCastVariant.all())]
-
-
-def test_kernel_parameters_match_the_launch_arguments():
-    """What the loader checks at the first GPU launch, checked here on the installed manifest:
-    every built kernel takes exactly the parameters the op passes (TileLang drops unused ones)."""
-    from tilebake._runtime import loader
-    from tilebake.errors import CorruptArtifactError
-
-    try:
-        kernels = loader.manifest()["kernels"]
-    except CorruptArtifactError:
-        pytest.skip("no compiled kernels installed")
-    checked = 0
-    for table, variants in TABLES:
-        for v in variants:
-            for entry in kernels.get(v.id, {}).values():
-                assert sorted(p["name"] for p in entry["params"]) == sorted(table.arg_names), v.id
-                checked += 1
-    if not checked:
-        pytest.skip("this op is not in the installed (partial) build")
 
 
 def test_cpu_torch_compile_fullgraph_traces_without_breaks():

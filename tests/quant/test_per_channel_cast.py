@@ -1,7 +1,6 @@
 """per_channel_cast: argument checks (CPU), the CPU path, and bit-exact GPU results against
 the reference (tilebake.torch.cast with block (num_per_tokens, 1))."""
 
-import importlib
 import itertools
 
 import pytest
@@ -197,34 +196,6 @@ def test_gpu_empty_and_sliced_tokens():
     # A QuantTensor sliced along tokens (its column-major SF view sliced with it).
     (data, sf), npc = make_input("e4m3-ue8m0sf-col-npc128", 512, 384, "cuda")
     check_against_reference((data[100:300], sf[100:300]), npc, 128, True, True)
-
-
-# The op's module (tilebake.quant.per_channel_cast is the function of that name).
-op_module = importlib.import_module("tilebake.quant.per_channel_cast")
-TABLES = [
-    (op_module._KERNELS, [v for v in op_module.PerChannelCastVariant.all() if v.in_dtype != "e4m3"]),
-    (op_module._QUANTIZED_KERNELS, [v for v in op_module.PerChannelCastVariant.all() if v.in_dtype == "e4m3"]),
-]
-
-
-def test_kernel_parameters_match_the_launch_arguments():
-    """What the loader checks at the first GPU launch, checked here on the installed manifest:
-    every built kernel takes exactly the parameters the op passes (TileLang drops unused ones)."""
-    from tilebake._runtime import loader
-    from tilebake.errors import CorruptArtifactError
-
-    try:
-        kernels = loader.manifest()["kernels"]
-    except CorruptArtifactError:
-        pytest.skip("no compiled kernels installed")
-    checked = 0
-    for table, variants in TABLES:
-        for v in variants:
-            for entry in kernels.get(v.id, {}).values():
-                assert sorted(p["name"] for p in entry["params"]) == sorted(table.arg_names), v.id
-                checked += 1
-    if not checked:
-        pytest.skip("this op is not in the installed (partial) build")
 
 
 def test_cpu_torch_compile_fullgraph_traces_without_breaks():
