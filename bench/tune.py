@@ -1,5 +1,5 @@
 """Launch-config search for an op whose kernel module has `LaunchConfig` and `candidate_configs()`
-(generalises tune_per_token_cast.py): cast_back, per_token_cast_and_cast_back, cast.
+(per_token_cast, cast_back, per_token_cast_and_cast_back, cast).
 
 python bench/tune.py build .carry/tune cast_back   # build host: lower + nvcc every candidate (sm_90a)
 python bench/tune.py run .carry/tune cast_back     # GPU: time each candidate's cubin, check its bytes
@@ -22,6 +22,7 @@ SHAPES = [(16384, 7168), (4096, 7168), (4096, 4096)]
 def _variants(op):
     """The variants worth tuning (the benchmarked ones), as keyword dicts of the Variant fields."""
     return {
+        "per_token_cast": [dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="fp32")],
         "cast_back": [
             dict(in_fmt="e4m3", out_dtype="bf16", sf_kind="fp32", per_channel=False),
             dict(in_fmt="e2m1", out_dtype="bf16", sf_kind="ue8m0", per_channel=False),
@@ -75,6 +76,31 @@ def _setup(op, key, t, h):
 
     import tilebake
 
+    if op == "per_token_cast":
+
+        def make():
+            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            return (
+                x,
+                torch.empty(t, h, dtype=torch.float8_e4m3fn, device="cuda"),
+                torch.empty(t, h // 128, device="cuda"),
+            )
+
+        def values(x, y, s):
+            return dict(X=x.data_ptr(), Y=y.data_ptr(), S=s.data_ptr(), amax_clamp=1e-4, num_tokens=t, hidden=h,
+                        x_stride=h, y_stride=h, sf_stride_t=h // 128, sf_stride_g=1)  # fmt: skip
+
+        return (
+            make,
+            values,
+            (lambda x, y, s: torch.cat([y.view(torch.uint8).flatten(), s.view(torch.uint8).flatten()])),
+            (
+                lambda x, y, s: torch.cat(
+                    [t.view(torch.uint8).flatten() for t in tilebake.quant.per_token_cast(x, "e4m3", 128)]
+                )
+            ),
+            t * h * 3 + t * (h // 128) * 4,
+        )
     if op == "cast_back":
         e2m1 = key["in_fmt"] == "e2m1"
         npc = 32 if e2m1 else 128

@@ -38,14 +38,14 @@ class LaunchConfig:
     elems_per_thread: int = 0  # contiguous elements a thread owns per row; 0: one 16-byte vector
 
 
-# Chosen by bench/tune_per_token_cast.py on the H200 (bench/results/2026-11-30-NVIDIA-H200/tune.log):
+# Chosen by bench/tune.py (then tune_per_token_cast.py) on the H200 (bench/results/2026-11-30-NVIDIA-H200/tune.log):
 # bf16 -> e4m3 at 16384 x 7168 reached 95.9% of copy bandwidth, against 86-87% for the best
 # configs with one 16-byte vector per thread: 16 elements per thread halve the store count.
 DEFAULT_CONFIG = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=2, elems_per_thread=16)
 
 
 def candidate_configs():
-    """The search space bench/tune_per_token_cast.py times on a GPU."""
+    """The search space `python bench/tune.py build|run DIR per_token_cast` times on a GPU."""
     return [
         LaunchConfig(t, tpr, r, ept)
         for t in (128, 256)
