@@ -3,8 +3,8 @@
 # wheel built on the GPU-less build host, runs the GPU tests and the benchmark.
 #   usage: bash bench/run_on_device.sh [pytest args...]     (results under $OUT)
 #   SKIP_TESTS=1: benchmark only; SKIP_BENCH=1: tests only; BENCH_ARGS: passed to bench.py;
-#   TEST_FILES: the test files or node ids (default: all files; TEST_JOBS=FILE reads them from a
-#   file, e.g. one test function each), run as parallel pytest processes on the one GPU (the
+#   TEST_FILES: the test files (default: all), or TEST_JOBS=FILE: one pytest job a line (node ids
+#   separated by spaces); run as JOBS (default 8) parallel pytest processes on the one GPU (the
 #   tests are host-bound, so this cuts the wall time several times).
 set -uo pipefail
 OUT=${OUT:-bench/results}
@@ -14,10 +14,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import sys, torch, tilebake; print(sys.version.split()[0], torch.__version__, tilebake.__file__)"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   mkdir -p "$OUT/tests"
-  files=${TEST_FILES:-$(if [ -n "${TEST_JOBS:-}" ]; then cat "$TEST_JOBS"; else find tests -name 'test_*.py' | sort; fi)}
-  printf '%s\n' $files | xargs -P "${JOBS:-8}" -I{} sh -c \
-    'python3 -m pytest "{}" -q -p no:cacheprovider -rf "$@" > "$0/tests/$(echo {} | tr /: __).log" 2>&1' "$OUT" "$@"
-  for log in "$OUT"/tests/*.log; do echo "$(basename "$log"): $(tail -1 "$log")"; done | tee "$OUT/gpu_tests.log"
+  # One job a line: one or more test files or node ids, separated by spaces.
+  jobs=${TEST_JOBS:-/tmp/test_jobs.txt}
+  [ -n "${TEST_JOBS:-}" ] || printf '%s\n' ${TEST_FILES:-$(find tests -name 'test_*.py' | sort)} > "$jobs"
+  export OUT
+  nl -ba -w3 -s' ' "$jobs" | xargs -d '\n' -P "${JOBS:-8}" -n 1 sh -c \
+    'set -f; set -- $0; i=$1; shift; { echo "$1 ..."; python3 -m pytest "$@" -q -p no:cacheprovider -rf; } > "$OUT/tests/job$i.log" 2>&1'
+  for log in "$OUT"/tests/*.log; do echo "$(head -1 "$log" | cut -c1-90): $(tail -1 "$log")"; done | tee "$OUT/gpu_tests.log"
   grep -h "^FAILED\|^ERROR" "$OUT"/tests/*.log | cut -c1-300 | head -60
   # One file back rather than hundreds (the device tool returns a limited number of files).
   for log in "$OUT"/tests/*.log; do echo "=== $log"; cat "$log"; done > "$OUT/gpu_tests_full.log" && rm -rf "$OUT/tests"
