@@ -185,9 +185,7 @@ def sr_float32_to_e2m1_code(q, rbits):
     tilebake.torch.stochastic.sr_float32_to_e2m1_codes is the reference."""
     a = T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32")
     m = T.if_then_else(a < T.float32(6), a, T.float32(6))
-    t = T.if_then_else(
-        m < T.float32(2), m * T.float32(2), T.if_then_else(m < T.float32(4), m, m * T.float32(0.5))
-    )
+    t = T.if_then_else(m < T.float32(2), m * T.float32(2), T.if_then_else(m < T.float32(4), m, m * T.float32(0.5)))
     base = T.if_then_else(m < T.float32(2), 0, T.if_then_else(m < T.float32(4), 2, 4))
     fl = T.floor(t)
     below = T.cast((t - fl) * T.float32(4294967296.0), "uint32")
