@@ -229,7 +229,8 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
             xs = T.alloc_local((ROWS_PER_THREAD, in_vec), in_dtype)
             xf = T.alloc_local((vec,), "float32")  # the data as fp32 (decoded, not yet scaled)
             ys = T.alloc_local((out_vec,), y_dtype)
-            qs = T.alloc_local((vec,), "float32")  # SR: the quantised values, then (e2m1) the codes
+            # SR only: the quantised values, the e2m1 codes before packing, the random bits.
+            qs = T.alloc_local((vec,), "float32")
             codes = T.alloc_local((vec,), "int32")
             h = T.alloc_local((1,), "uint32")
             for u in T.unroll(ROWS_PER_THREAD):
