@@ -188,7 +188,9 @@ def sr_float32_to_e2m1_code(q, rbits):
     t = T.if_then_else(m < T.float32(2), m * T.float32(2), T.if_then_else(m < T.float32(4), m, m * T.float32(0.5)))
     base = T.if_then_else(m < T.float32(2), 0, T.if_then_else(m < T.float32(4), 2, 4))
     fl = T.floor(t)
-    below = T.cast((t - fl) * T.float32(4294967296.0), "uint32")
+    # 2^32 from its bits: every code generator then holds it exactly (TVM's C target prints a
+    # float literal to 7 digits, 4.294967e+09f, which is 2^32 - 256).
+    below = T.cast((t - fl) * T.reinterpret(T.uint32(0x4F800000), "float32"), "uint32")
     up = T.if_then_else(rbits < below, 1, 0)
     sign = T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8), "int32")
     return (T.cast(fl, "int32") + base + up) | sign
