@@ -101,7 +101,11 @@ BAD_CALLS = [
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
     (dict(use_packed_ue8m0=True), ValueError, "needs round_sf=True"),
     (dict(fmt="e2m1", num_per_channels=24), ValueError, "num_per_channels must be one of"),
-    (dict(stochastic_cast=True), NotImplementedError, "stochastic_cast=True is not built yet"),
+    (
+        dict(stochastic_cast=True, x=torch.zeros(4, 120, dtype=torch.bfloat16)),
+        ValueError,
+        "hidden\\) must be a multiple of 16, got 120",
+    ),
     (dict(x="not a tensor"), TypeError, "x must be a torch.Tensor"),
     (
         dict(out=(torch.empty(4, 128, dtype=torch.bfloat16), torch.empty(4, 1))),
@@ -743,7 +747,7 @@ def test_sr_e2m1_encoder_unbiased(value):
 
 @pytest.mark.parametrize("sf_option", list(SF_OPTIONS))
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_cpu_sr(dtype, fmt, sf_option):
     for npc in (16, 128):
         check_sr(make_input(37, 208, dtype, "cpu"), fmt, npc, sf_option)
@@ -805,7 +809,7 @@ SR_SHAPES = [(1, 128), (127, 7168), (33, 208)]
 @pytest.mark.parametrize("sf_option", ["plain", "packed", "e4m3sf"])
 @pytest.mark.parametrize("npc", [16, 128])
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_sr_bit_exact(dtype, fmt, npc, sf_option):
     for num_tokens, hidden in SR_SHAPES:
         check_sr(make_input(num_tokens, hidden, dtype, "cuda"), fmt, npc, sf_option)
