@@ -371,3 +371,17 @@ def cast_sr_case(num_tokens, hidden):
 CASES["cast_back"].append(cast_back_e2m1_case)
 CASES["per_token_cast_and_cast_back"] = [per_token_cast_and_cast_back_case]
 CASES["cast"] = [cast_sr_case]
+
+
+def per_token_cast_sr_case(num_tokens, hidden):
+    """bf16 -> e4m3 1x128 with stochastic rounding (the runtime-SF kernel, hash per element)."""
+    case = per_token_cast_case(num_tokens, hidden)
+    case.update(
+        variant="bf16->e4m3, 1x128, fp32 SF, stochastic rounding",
+        fn=lambda x: tilebake.quant.per_token_cast(x, "e4m3", 128, stochastic_cast=True),
+        ref=lambda x: tilebake.torch.cast(x, "e4m3", (1, 128), stochastic_rounding=True),
+    )
+    return case
+
+
+CASES["per_token_cast"] += [per_token_cast_sr_case]

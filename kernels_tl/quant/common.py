@@ -170,3 +170,27 @@ def sr_random_bits_into(h, value_bits, index):
     h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
     h[0] = h[0] * T.uint32(0xC2B2AE35)
     h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+
+
+def sr_float32_to_e2m1_code(q, rbits):
+    """Stochastic rounding fp32 -> e2m1 code (int32 0..15, bit 3 = q's sign bit).
+
+    m = |q| (NaN and values >= 6, inf too, become 6, as e2m1_code does). m lies between two
+    neighbouring magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 that are a gap g = .5 / 1 / 2 apart;
+    t = m / g is exact (a power-of-two scaling), floor(t) gives the lower code and
+    f = t - floor(t) in [0, 1) the distance to it over the gap (exact: Sterbenz). Round up iff
+    rbits < trunc(f * 2^32) (exact integer compare; f * 2^32 < 2^32 is exact), i.e. with
+    probability f up to 2^-32, so E[value] = m. m = 6 gives f = 0: saturates at code 7.
+    Pass `q` as a register (it appears several times in the expression);
+    tilebake.torch.stochastic.sr_float32_to_e2m1_codes is the reference."""
+    a = T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32")
+    m = T.if_then_else(a < T.float32(6), a, T.float32(6))
+    t = T.if_then_else(m < T.float32(2), m * T.float32(2), T.if_then_else(m < T.float32(4), m, m * T.float32(0.5)))
+    base = T.if_then_else(m < T.float32(2), 0, T.if_then_else(m < T.float32(4), 2, 4))
+    fl = T.floor(t)
+    # 2^32 from its bits: every code generator then holds it exactly (TVM's C target prints a
+    # float literal to 7 digits, 4.294967e+09f, which is 2^32 - 256).
+    below = T.cast((t - fl) * T.reinterpret(T.uint32(0x4F800000), "float32"), "uint32")
+    up = T.if_then_else(rbits < below, 1, 0)
+    sign = T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8), "int32")
+    return (T.cast(fl, "int32") + base + up) | sign

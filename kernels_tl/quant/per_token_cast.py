@@ -18,7 +18,14 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_code, e2m1_value, per_token_sf_buffer
+from kernels_tl.quant.common import (
+    e2m1_code,
+    e2m1_value,
+    per_token_sf_buffer,
+    sr_float32_to_e2m1_code,
+    sr_float32_to_e4m3_bits,
+    sr_random_bits_into,
+)
 from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf_kind, shared with the host
     SF_E4M3,
     SF_PLAIN,
@@ -157,12 +164,21 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
 
     Runtime (uniform branches, free in a memory-bound kernel): the output SF mode `sf_mode`
     (fp32 / power-of-two fp32 / packed UE8M0 / e4m3 / a given fp32 SF to quantize with),
-    `store_data` (0: only the SF, per_token_cast_with_sf_only), and for a quantized input its
+    `store_data` (0: only the SF, per_token_cast_with_sf_only), `stochastic` (1: stochastic
+    rounding of the data, per_token_cast(..., stochastic_cast=True)), and for a quantized input its
     SF storage `x_sf_kind` and SF block (`x_block_m`, `x_block_k`, the latter a multiple of 16
     so a thread's 16 elements share one input scale).
 
     Every SF tensor is passed twice or three times with one pointer: as fp32 (strides in
     elements), as bytes [token, group or word, byte] (strides in bytes) and as e4m3.
+
+    Stochastic rounding (SR): the SF and q (x * inv, or data * (x_sf * inv) for a quantized
+    input) are exactly those of round-to-nearest; only q's rounding differs. Element (row, col)
+    takes the random bits sr_random_bits(fp32 bits of its input value (the decoded data, unscaled,
+    for a quantized input), row * hidden + col mod 2^32), so equal inputs give equal bytes.
+    e4m3: sr_float32_to_e4m3_bits(q, rbits), which saturates |q| >= 448 like the clamp does and
+    keeps NaN NaN; e2m1: sr_float32_to_e2m1_code (NaN and |q| >= 6 -> +-6, as e2m1_code). The
+    reference is tilebake.torch.cast(..., stochastic_rounding=True).
     """
     quantized = v.in_dtype in ("e4m3", "e2m1")
     in_dtype = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn", "e2m1": "uint8"}[v.in_dtype]
@@ -196,7 +212,9 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
     sf8 = ((num_tokens, num_groups, 4), (sf_stride_t, sf_stride_g, 1))
 
     @T.macro
-    def quantize(X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, x_sf_kind, x_block_m, x_block_k):
+    def quantize(
+        X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, stochastic, x_sf_kind, x_block_m, x_block_k
+    ):
         with T.Kernel(T.ceildiv(num_tokens, rows_per_cta) * T.ceildiv(hidden, cols_per_cta), threads=THREADS) as b:
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")
@@ -211,6 +229,10 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
             xs = T.alloc_local((ROWS_PER_THREAD, in_vec), in_dtype)
             xf = T.alloc_local((vec,), "float32")  # the data as fp32 (decoded, not yet scaled)
             ys = T.alloc_local((out_vec,), y_dtype)
+            # SR only: the quantised values, the e2m1 codes before packing, the random bits.
+            qs = T.alloc_local((vec,), "float32")
+            codes = T.alloc_local((vec,), "int32")
+            h = T.alloc_local((1,), "uint32")
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 if row < num_tokens and col < hidden:
@@ -285,7 +307,24 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                     # A quantized input multiplies the scales first (numerics: re-quantizing).
                     scale = T.alloc_var("float32")
                     scale = x_sf * inv if quantized else inv
-                    if v.fmt == "e2m1":
+                    if stochastic != 0:
+                        for j in T.unroll(vec):
+                            qs[j] = xf[j] * scale
+                            sr_random_bits_into(
+                                h,
+                                T.reinterpret(xf[j], "uint32"),
+                                T.cast(row, "uint32") * T.cast(hidden, "uint32") + T.cast(col + j, "uint32"),
+                            )
+                            if v.fmt == "e2m1":
+                                codes[j] = sr_float32_to_e2m1_code(qs[j], h[0])
+                            else:
+                                ys[j] = T.reinterpret(
+                                    T.cast(sr_float32_to_e4m3_bits(qs[j], h[0]), "uint8"), "float8_e4m3fn"
+                                )
+                        if v.fmt == "e2m1":
+                            for j in T.unroll(out_vec):
+                                ys[j] = T.cast(codes[2 * j] | T.shift_left(codes[2 * j + 1], 4), "uint8")
+                    elif v.fmt == "e2m1":
                         for j in T.unroll(out_vec):
                             ys[j] = T.cast(
                                 e2m1_code(xf[2 * j] * scale) | T.shift_left(e2m1_code(xf[2 * j + 1] * scale), 4),
@@ -316,11 +355,15 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
             amax_clamp: T.float32,
             sf_mode: T.int32,
             store_data: T.int32,
+            stochastic: T.int32,
             x_sf_kind: T.int32,
             x_block_m: T.int32,
             x_block_k: T.int32,
         ):
-            quantize(X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, x_sf_kind, x_block_m, x_block_k)
+            quantize(
+                X, Y, S, SB, SE, XS, XSB, XSE, amax_clamp, sf_mode, store_data, stochastic, x_sf_kind, x_block_m,
+                x_block_k,
+            )  # fmt: skip
 
         return per_token_cast_quantized_kernel
 
@@ -334,7 +377,8 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
         amax_clamp: T.float32,
         sf_mode: T.int32,
         store_data: T.int32,
+        stochastic: T.int32,
     ):
-        quantize(X, Y, S, SB, SE, None, None, None, amax_clamp, sf_mode, store_data, None, None, None)
+        quantize(X, Y, S, SB, SE, None, None, None, amax_clamp, sf_mode, store_data, stochastic, None, None, None)
 
     return per_token_cast_any_sf_kernel

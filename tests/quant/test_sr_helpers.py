@@ -113,3 +113,62 @@ def test_helpers_match_reference(helpers_lib):
     assert torch.equal(c, e2m1_encode(q).to(torch.int32)), (c != e2m1_encode(q).to(torch.int32)).nonzero()[:5]
     assert torch.equal(d.view(torch.int32), e2m1_decode(r & 15).view(torch.int32))
     assert torch.equal(u.view(torch.int32), ue8m0_to_fp32(r & 255).view(torch.int32))
+
+
+@pytest.fixture(scope="module")
+def e2m1_sr_lib(tmp_path_factory):
+    """sr_float32_to_e2m1_code (per_token_cast's SR e2m1 encoder) through the C target, as above."""
+    if CC is None:
+        pytest.skip("no C compiler")
+    import tilelang.language as T
+    from tilelang import tvm
+
+    from kernels_tl.quant.common import sr_float32_to_e2m1_code
+
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def sr_e2m1(X: T.Tensor((n,), "float32"), R: T.Tensor((n,), "uint32"), C: T.Tensor((n,), "int32")):
+        for i in T.serial(n):
+            C[i] = sr_float32_to_e2m1_code(X[i], R[i])
+
+    source = tvm.compile(sr_e2m1, target="c").mod.inspect_source()
+    start = source.index("for (int32_t i = 0; i < n; ++i) {")
+    depth, end = 0, start
+    for end in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[end], 0)
+        if depth == 0 and source[end] == "}":
+            break
+    tmp = tmp_path_factory.mktemp("sr_e2m1")
+    (tmp / "sr.c").write_text(
+        "#include <stdint.h>\n#include <stdbool.h>\n#include <math.h>\n"
+        "void sr_e2m1(void* X, void* R, void* C, int32_t n) {\n" + source[start : end + 1] + "\n}\n"
+    )
+    subprocess.run(
+        [CC, "-O1", "-fno-strict-aliasing", "-fPIC", "-shared", "-o", str(tmp / "sr.so"), str(tmp / "sr.c"), "-lm"],
+        check=True,
+    )
+    return ctypes.CDLL(str(tmp / "sr.so"))
+
+
+def test_sr_e2m1_helper_matches_reference(e2m1_sr_lib):
+    from tilebake.torch.stochastic import sr_float32_to_e2m1_codes
+
+    n = 1 << 16
+    x = torch.randn(n) * torch.exp2(torch.randint(-140, 5, (n,)).float())
+    x[: n // 4] = torch.rand(n // 4) * 16 - 8  # dense over the e2m1 range
+    specials = [0.0, -0.0, 0.25, 0.5, 1.75, 2.5, 3.5, 5.0, 5.999999, 6.0, 6.5, -7.0, float("inf"), -float("inf"),
+                float("nan"), 1e-45, -3e-39, 2.0**-33, 3.0 * 2.0**-34]  # fmt: skip
+    x[: len(specials)] = torch.tensor(specials)
+    r = torch.randint(0, 2**32, (n,), dtype=torch.int64)
+    r[: 2 * len(specials) : 2] = 0xFFFFFFFF
+    r[1 : 2 * len(specials) : 2] = 0
+    c = torch.zeros(n, dtype=torch.int32)
+    r32 = r.bitwise_and(0xFFFFFFFF).to(torch.int32)
+    x = x.contiguous()
+    e2m1_sr_lib.sr_e2m1(
+        ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(r32.data_ptr()), ctypes.c_void_p(c.data_ptr()), ctypes.c_int32(n)
+    )
+    want = sr_float32_to_e2m1_codes(x, r)
+    bad = (c.to(torch.int64) != want).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {c[bad[:3, 0]].tolist()}"

@@ -131,7 +131,14 @@ def per_token_cast(
         use_packed_ue8m0: SF as UE8M0 exponent bytes packed 4 to an int32 along H
             (needs round_sf); shape (T, ceil(ceil(H/npc)/4)).
         use_e4m3_sf: SF as float8_e4m3fn (not with round_sf).
-        stochastic_cast: not built yet (NotImplementedError).
+        stochastic_cast: round the quantised values stochastically instead of to nearest even
+            (e4m3 or e2m1 output, plain or quantized input; not on the hot path): each value
+            goes to one of its two neighbouring codes, up with probability equal to its distance
+            from the lower one over the gap, so the dequantised result is unbiased. The SF are
+            exactly those of stochastic_cast=False. The random bits are a hash of the element's
+            input value (fp32 bits; the decoded data for a QuantTensor) and its index
+            row * H + col, so equal inputs give equal outputs (no RNG state). Reference:
+            tilebake.torch.cast(..., stochastic_rounding=True).
         out: optional preallocated (data, sf) with the returned layout.
 
     Returns:
@@ -201,7 +208,7 @@ def per_token_cast(
 SF_PLAIN, SF_ROUND, SF_UE8M0, SF_E4M3, SF_PRECOMPUTED = 0, 1, 2, 3, 4  # the kernel's sf_mode argument
 X_SF_FP32, X_SF_UE8M0, X_SF_E4M3 = 0, 1, 2  # its x_sf_kind: how a quantized input's SF is stored
 _X_SF_KINDS = {torch.float32: X_SF_FP32, torch.int32: X_SF_UE8M0, torch.float8_e4m3fn: X_SF_E4M3}
-_RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data",
+_RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data", "stochastic",
                  "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
 _QUANTIZED_ARGS = ("XS", "XSB", "XSE", "x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
 _RUNTIME_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS)
@@ -339,11 +346,7 @@ def _general(
     check_fmt(fmt, FMTS)
     check_num_per_channels(num_per_channels)
     _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if stochastic_cast:
-        raise NotImplementedError(
-            "stochastic_cast=True is not built yet in tilebake (stochastic rounding comes in a later version); "
-            "use stochastic_cast=False"
-        )
+    stochastic_cast = bool(stochastic_cast)
     data_in, in_dtype, num_tokens, hidden, x_sf, block = _parse_x(x, x_block_size)
     num_groups = ceil_div(hidden, num_per_channels)
     sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
@@ -360,6 +363,7 @@ def _general(
         result = cast(
             x, fmt, (1, num_per_channels), x_block_size, round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
             use_tma_aligned_col_major_sf=col_major, use_e4m3_sf=use_e4m3_sf, amax_clamp=clamp,
+            stochastic_rounding=stochastic_cast,
         )  # fmt: skip
         if out is None:
             return result
@@ -373,12 +377,18 @@ def _general(
     else:
         data, sf = out
     if num_tokens:
-        _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, 1, hidden)
+        _launch(
+            data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, 1, hidden,
+            int(stochastic_cast),
+        )  # fmt: skip
     return data, sf
 
 
-def _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, store_data, hidden):
-    """One launch of build_runtime_sf's kernel; `data` may be None when store_data is 0."""
+def _launch(
+    data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, store_data, hidden, stochastic=0
+):
+    """One launch of build_runtime_sf's kernel; `data` may be None when store_data is 0;
+    stochastic 1 rounds the data stochastically."""
     if in_dtype == "e2m1":
         if data_in.data_ptr() % 8:
             raise ValueError(f"x[0] must start at an 8-byte aligned address, got {data_in.data_ptr():#x}")
@@ -396,7 +406,7 @@ def _launch(data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_
     num_tokens = data_in.shape[0]
     sf_ptr = sf.data_ptr()
     args = (
-        data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data,
+        data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
         num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
     )  # fmt: skip
     key = (in_dtype, fmt, num_per_channels, "runtime")

@@ -30,6 +30,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from tilebake.torch.stochastic import _fp32_bits, sr_float32_to_e2m1_codes, sr_float32_to_e4m3_bits, sr_random_bits
+
 __all__ = [
     "FMT_MAX",
     "E2M1_MAGNITUDES",
@@ -429,6 +431,7 @@ def cast(
     use_tma_aligned_col_major_sf: bool = False,
     use_e4m3_sf: bool = False,
     amax_clamp: Optional[float] = None,
+    stochastic_rounding: bool = False,
 ) -> QuantTensor:
     """Cast a 2-D tensor to FP8/FP4 with 2-D block-shared scale factors (MX-style with ``round_sf``).
 
@@ -444,6 +447,14 @@ def cast(
         use_tma_aligned_col_major_sf: store the SF column-major, token blocks padded to 16 bytes.
         use_e4m3_sf: float8_e4m3fn scales (not with round_sf).
         amax_clamp: the minimum block amax; None means the numerics.md default for the format.
+        stochastic_rounding: round each quantised value ``q`` (the same ``q`` as above, the same SF)
+            to one of its two neighbouring codes, up with probability equal to its distance from
+            the lower one over the gap (unbiased), instead of to nearest even: e4m3 through
+            ``sr_float32_to_e4m3_bits`` (which saturates at +-448 like the clamp), e2m1 through
+            ``sr_float32_to_e2m1_codes`` (tilebake.torch.stochastic). The random bits of element
+            ``(t, h)`` are ``sr_random_bits(fp32 bits of its input value, t * H + h)`` (mod 2^32),
+            the input value being the stored data decoded to fp32 (unscaled) for a QuantTensor:
+            deterministic, and bit-exact with per_token_cast(..., stochastic_cast=True).
 
     Returns:
         ``(data, sf)``: data e4m3 ``(T, H)`` or int8 ``(T, H // 2)``; sf per the flags.
@@ -454,6 +465,7 @@ def cast(
     use_packed_ue8m0 = _check_flag(use_packed_ue8m0, "use_packed_ue8m0")
     use_tma_aligned_col_major_sf = _check_flag(use_tma_aligned_col_major_sf, "use_tma_aligned_col_major_sf")
     use_e4m3_sf = _check_flag(use_e4m3_sf, "use_e4m3_sf")
+    stochastic_rounding = _check_flag(stochastic_rounding, "stochastic_rounding")
     if use_packed_ue8m0 and not round_sf:
         raise ValueError("use_packed_ue8m0=True requires round_sf=True (UE8M0 holds powers of two only)")
     if use_e4m3_sf and round_sf:
@@ -473,9 +485,24 @@ def cast(
         q = src.data * (src.sf * inv_full)  # scales multiplied first
     else:
         q = src.x * inv_full
-    data = _encode_data(q, fmt)
+    if stochastic_rounding:
+        data = _encode_data_stochastic(q, fmt, src.data if src.quantized else src.x)
+    else:
+        data = _encode_data(q, fmt)
     sf = _layout_sf(stored, bk, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     return data, sf
+
+
+def _encode_data_stochastic(q: torch.Tensor, fmt: str, seed_values: torch.Tensor) -> torch.Tensor:
+    """SR encoding of ``q`` (T, H); the hash of element (t, h) takes the fp32 bits of
+    ``seed_values[t, h]`` and the flat index t * H + h."""
+    T, H = q.shape
+    index = torch.arange(T * H, dtype=torch.int64, device=q.device).reshape(T, H)
+    rbits = sr_random_bits(_fp32_bits(seed_values), index)
+    q = q.float().contiguous()
+    if fmt == "e4m3":
+        return sr_float32_to_e4m3_bits(q, rbits).to(torch.uint8).view(_E4M3).reshape(T, H)
+    return pack_e2m1(sr_float32_to_e2m1_codes(q, rbits).reshape(T, H))
 
 
 def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int], sf: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,8 @@ mirrors the TileLang helper of the same name.
 Special values:
 * fp32 -> bf16: overflow past the largest finite bf16 can round to inf (the next value up); NaN
   keeps its sign and top payload bits and is made quiet (bit 6 of the bf16 pattern set).
+* -> e2m1 (sr_float32_to_e2m1_codes): |x| >= 6 (inf included) saturates to +-6; NaN -> +-6
+  with the sign bit of x (code 7 | sign), as the round-to-nearest e2m1 encoder does.
 * -> e4m3: |x| >= 448 (inf included) saturates to +-448, as the satfinite conversion and the
   quant kernels' clamp do (torch 2.13's own ``.to(float8_e4m3fn)`` saturates as well); NaN
   becomes 0x7F with the sign of x.
@@ -27,6 +29,7 @@ __all__ = [
     "sr_random_bits",
     "sr_float32_to_bfloat16_bits",
     "sr_float32_to_e4m3_bits",
+    "sr_float32_to_e2m1_codes",
     "stochastic_cast",
 ]
 
@@ -109,3 +112,22 @@ def stochastic_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     else:
         out = sr_float32_to_e4m3_bits(flat, rbits).to(torch.uint8).view(torch.float8_e4m3fn)
     return out.reshape(x.shape)
+
+
+def sr_float32_to_e2m1_codes(q: torch.Tensor, rbits: torch.Tensor) -> torch.Tensor:
+    """SR fp32 -> e2m1 codes (int64, 0..15, bit 3 = the sign bit of q).
+
+    m = |q| (NaN and >= 6 -> 6) lies between two neighbouring magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6,
+    g = .5 / 1 / 2 apart; t = m / g exactly, the lower code is floor(t) (+ 2 or + 4 above 2 and 4),
+    and it rounds up iff rbits < trunc((t - floor(t)) * 2^32): probability (m - lower) / g (to
+    2^-32), all steps exact in fp32. Mirrors kernels_tl.quant.common.sr_float32_to_e2m1_code."""
+    bits = _fp32_bits(q)
+    a = (bits & 0x7FFFFFFF).to(torch.int32).view(torch.float32)
+    six = torch.full_like(a, 6.0)
+    m = torch.where(a < six, a, six)  # NaN compares false: 6
+    t = torch.where(m < 2.0, m * 2.0, torch.where(m < 4.0, m, m * 0.5))
+    base = torch.where(m < 2.0, 0, torch.where(m < 4.0, 2, 4)).to(torch.int64)
+    fl = torch.floor(t)
+    below = ((t - fl) * 4294967296.0).to(torch.int64)  # fp32 product, exact, < 2^32
+    up = (rbits < below).to(torch.int64)
+    return (fl.to(torch.int64) + base + up) | ((bits >> 28) & 8)
