@@ -17,11 +17,11 @@ Thread mapping: one CTA per row, THREADS threads, each owning VEC contiguous ele
 pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (in x's
 dtype), so x is read once; every load of the row (x and residual, all passes) is issued
 before the first use, and MIN_CTAS CTAs (rows) share an SM, so an SM has
-MIN_CTAS x THREADS x PASSES x VEC x (1 or 2) x sizeof(x) bytes in flight (80 KB for bf16
-with residual). A pass starting beyond `hidden` is skipped (the same for every thread
-of the CTA); inside a pass each thread's VEC elements are all valid or all masked
-(the host checks hidden % 16 == 0 and VEC == 16). Masked elements are 0, so they add
-nothing to the sum of squares or to a group's amax.
+MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (140 KB for bf16 with
+residual at hidden 7168; before: one pass per CTA, 4 CTAs, 32 KB). A pass starting beyond
+`hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
+VEC elements are all valid or all masked (the host checks hidden % 16 == 0 and VEC == 16).
+Masked elements are 0, so they add nothing to the sum of squares or to a group's amax.
 """
 
 import tilelang.language as T
