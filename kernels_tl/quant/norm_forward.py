@@ -14,11 +14,14 @@ c = max(amax, clamp); plain SF = c / 448, inv = 448 / c; round_sf: SF = 2^e,
 e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e; q = e4m3(clamp(y * inv, +-448)).
 
 Thread mapping: one CTA per row, THREADS threads, each owning VEC contiguous elements per
-pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (fp32),
-so x is read once. A pass starting beyond `hidden` is skipped (the same for every thread
-of the CTA); inside a pass each thread's VEC elements are all valid or all masked
-(the host checks hidden % 16 == 0 and VEC == 16). Masked elements are 0, so they add
-nothing to the sum of squares or to a group's amax.
+pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (in x's
+dtype), so x is read once; every load of the row (x and residual, all passes) is issued
+before the first use, and MIN_CTAS CTAs (rows) share an SM, so an SM has
+MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (140 KB for bf16 with
+residual at hidden 7168; before: one pass per CTA, 4 CTAs, 32 KB). A pass starting beyond
+`hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
+VEC elements are all valid or all masked (the host checks hidden % 16 == 0 and VEC == 16).
+Masked elements are 0, so they add nothing to the sum of squares or to a group's amax.
 """
 
 import tilelang.language as T
@@ -30,6 +33,7 @@ MAX_HIDDEN = 8192
 PASSES = MAX_HIDDEN // PASS
 WARPS = THREADS // 32
 FMT_MAX = 448.0
+MIN_CTAS = 5  # 95 registers, no spills; 6 spills
 
 # Every access is guarded per thread-vector below; TileLang's per-element guards would
 # split each 16-byte access into scalar ones.
@@ -104,6 +108,8 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
         mega_aligned_block_m: T.int32,
     ):
         with T.Kernel(batch * num_tokens, threads=THREADS) as b:
+            # Rows in flight per SM: caps registers so MIN_CTAS rows fit on an SM.
+            T.annotate_min_blocks_per_sm(MIN_CTAS)
             # Registers, so the divisions run once per CTA (not in every index).
             bi = T.alloc_var("int32")
             ti = T.alloc_var("int32")
@@ -124,9 +130,12 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                 T.assume(ob_bs % 8 == 0)
                 T.assume(ob_rs % 8 == 0)
             tx = T.get_thread_binding(0)
-            vs = T.alloc_local((PASSES, VEC), "float32")  # the row (norm_input), fp32
-            xb = T.alloc_local((VEC,), in_dtype)
-            rb = T.alloc_local((VEC,), in_dtype)
+            # The row (norm_input) in x's dtype: it is rounded to it anyway, and bf16 halves the
+            # registers. All loads of the row are issued before any use, so a thread has its
+            # whole row (x and residual) in flight at once; guarded loads of a later pass
+            # cannot be hoisted above an earlier pass's uses by the compiler.
+            xs = T.alloc_local((PASSES, VEC), in_dtype)
+            rs = T.alloc_local((PASSES, VEC), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
             yb = T.alloc_local((VEC,), in_dtype)
             qb = T.alloc_local((VEC,), out_dtype)
@@ -149,21 +158,25 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             for p in T.unroll(PASSES):
                 if p * PASS + tx * VEC < hidden:
                     for j in T.vectorized(VEC):
-                        xb[j] = X[bi, ti, p * PASS + tx * VEC + j]
+                        xs[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
                     if has_residual:
                         for j in T.vectorized(VEC):
-                            rb[j] = R[bi, ti, p * PASS + tx * VEC + j]
-                        for j in T.unroll(VEC):
-                            xb[j] = T.cast(T.cast(xb[j], "float32") + T.cast(rb[j], "float32"), in_dtype)
-                        for j in T.vectorized(VEC):
-                            RO[bi, ti, p * PASS + tx * VEC + j] = xb[j]
-                    for j in T.unroll(VEC):
-                        vs[p, j] = T.cast(xb[j], "float32")
+                            rs[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
                 else:
                     for j in T.unroll(VEC):
-                        vs[p, j] = T.float32(0)
+                        xs[p, j] = T.cast(0, in_dtype)
+                        rs[p, j] = T.cast(0, in_dtype)
+            # The add is unguarded (masked slots are 0 + 0), so the compiler cannot sink the
+            # residual loads into the guarded store below.
+            for p in T.unroll(PASSES):
+                if has_residual:
+                    for j in T.unroll(VEC):
+                        xs[p, j] = T.cast(T.cast(xs[p, j], "float32") + T.cast(rs[p, j], "float32"), in_dtype)
+                    if p * PASS + tx * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            RO[bi, ti, p * PASS + tx * VEC + j] = xs[p, j]
                 for j in T.unroll(VEC):
-                    ss = ss + vs[p, j] * vs[p, j]
+                    ss = ss + T.cast(xs[p, j], "float32") * T.cast(xs[p, j], "float32")
 
             # Sum of squares over the CTA: a butterfly in each warp (every lane ends with the
             # same bits), then the WARPS partials in a fixed order.
@@ -194,7 +207,9 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                         for j in T.unroll(VEC):
                             wb[j] = T.cast(0, in_dtype)
                     for j in T.unroll(VEC):
-                        yb[j] = T.cast((vs[p, j] * rstd) * (T.cast(wb[j], "float32") * out_scale), in_dtype)
+                        yb[j] = T.cast(
+                            (T.cast(xs[p, j], "float32") * rstd) * (T.cast(wb[j], "float32") * out_scale), in_dtype
+                        )
                     if not quant:
                         if p * PASS + tx * VEC < hidden:
                             for j in T.vectorized(VEC):

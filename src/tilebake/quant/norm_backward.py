@@ -1,10 +1,10 @@
 """norm_backward: RMSNorm backward.
 
 Validate, allocate, launch. The kernel (kernels_tl/quant/norm_backward.py) is persistent:
-min(2 * num_sms, num_tokens) CTAs each write their fp32 weight-gradient partial sums to one row
-of a (num_ctas, hidden) buffer, which torch then sums (the original syncs the grid in a
-cooperative launch instead; the plain launcher has none). The reference (and the CPU path)
-is tilebake.torch.norm_backward_ref.
+min(CTAS_PER_SM * num_sms, num_tokens) CTAs (2 per SM for bf16, 1 for fp32) each write their
+fp32 weight-gradient partial sums to one row of a (num_ctas, hidden) buffer, which torch then
+sums (the original syncs the grid in a cooperative launch instead; the plain launcher has none).
+The reference (and the CPU path) is tilebake.torch.norm_backward_ref.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def _arg_names(has_weight: bool, has_residual_grad: bool) -> tuple[str, ...]:
     return names
 
 
-# Launch CTAS_PER_SM CTAs per SM (the kernel asks the compiler for registers to fit two), so
-# one CTA's loads overlap another's reduction barrier.
-CTAS_PER_SM = 2
+# CTAs per SM by x's dtype (the kernel asks the compiler for registers to fit that many): bf16,
+# two, so one CTA's loads overlap another's reduction barrier; fp32 rows need twice the
+# registers, one.
+CTAS_PER_SM = {torch.bfloat16: 2, torch.float32: 1}
 _KERNELS = {(w, r): KernelTable(NormBackwardVariant, _arg_names(w, r)) for w in (False, True) for r in (False, True)}
 _WEIGHT_GRAD_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -129,7 +130,7 @@ def norm_backward(
         return x_grad, _accumulate(dw, weight, weight_grad)
 
     x_grad = torch.empty_like(x, memory_format=torch.contiguous_format)
-    num_ctas = min(CTAS_PER_SM * config.get_num_sms(), num_tokens)
+    num_ctas = min(CTAS_PER_SM[x.dtype] * config.get_num_sms(), num_tokens)
     partials = x.new_empty((num_ctas, hidden), dtype=torch.float32) if weight is not None else None
     check_pointers(out_grad=out_grad, x=x, weight=weight, residual_out_grad=residual_out_grad)
     args = dict(
