@@ -66,6 +66,11 @@ def build(v: PerBlockCastVariant):
     assert rows_per_thread * ROWS_PER_PASS == bm and lanes * VEC == bk and THREADS_PER_ROW % lanes == 0, v
     out_vec = VEC // 2 if e2m1 else VEC  # output bytes per thread per row
     y_dtype = "uint8" if e2m1 else "float8_e4m3fn"
+    # The data a thread holds in registers: at up to 128 bytes (32 registers) four CTAs fit an
+    # SM under 64 registers a thread (three for e2m1 over 4 rows: its encode spilled at 64), so
+    # some CTAs' loads overlap the others' barrier and math. Otherwise two (128 registers).
+    held_bytes = rows_per_thread * VEC * (2 if v.in_dtype == "bf16" else 4)
+    ctas_per_sm = 2 if held_bytes > 128 else (3 if e2m1 and rows_per_thread > 1 else 4)
 
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
@@ -88,6 +93,7 @@ def build(v: PerBlockCastVariant):
         sf_stride_k: T.int32,  # bytes between K blocks (fp32) or packed words
     ):
         with T.Kernel(num_row_blocks * T.ceildiv(hidden, COLS_PER_CTA), threads=THREADS) as b:
+            T.annotate_min_blocks_per_sm(ctas_per_sm)  # caps registers: 64 (4 CTAs), 80 (3) or 128 (2)
             # Registers, so the divisions run once per CTA (not as 64-bit divisions per index).
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")

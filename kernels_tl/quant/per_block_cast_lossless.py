@@ -12,6 +12,11 @@ Thread mapping as kernels_tl/quant/per_block_cast.py: a CTA owns bm rows x 128 c
 the output; each thread 16 columns (8 packed input bytes) in bm / 32 rows. The input SF block
 (bm_in, bk_in) is runtime (as log2 shifts; bk_in >= 16 so a thread's 16 columns share one
 input scale), and so are the SF layouts.
+
+Conversion: per row a thread has one scale (sf_in * inv). When it is finite, +-v give e4m3
+bytes that differ only in the sign bit, so the 8 magnitudes are converted (the same fp32
+multiply, clamp and cast as an element) into an 8-byte table and the 16 codes are looked up
+with 4 byte permutes; an inf/NaN scale takes the element-wise path. Same bytes either way.
 """
 
 import tilelang.language as T
@@ -41,6 +46,22 @@ def e2m1_value(code):
     return T.reinterpret(magnitude | T.shift_left(code & 8, 28), "float32")
 
 
+def e4m3_byte(q):
+    """The e4m3 byte (uint32) of fp32 `q` as the reference casts it: clamp to +-448, RNE."""
+    f8 = T.cast(T.clamp(q, T.float32(-448.0), T.float32(448.0)), "float8_e4m3fn")
+    return T.cast(T.reinterpret(f8, "uint8"), "uint32")
+
+
+def sign_bits(nib):
+    """Bit 3 of each of the 4 nibbles of `nib` (uint32) moved to bit 7 of byte 0..3."""
+    return (
+        (T.shift_left(nib, T.uint32(4)) & T.uint32(0x80))
+        | (T.shift_left(nib, T.uint32(8)) & T.uint32(0x8000))
+        | (T.shift_left(nib, T.uint32(12)) & T.uint32(0x800000))
+        | (T.shift_left(nib, T.uint32(16)) & T.uint32(0x80000000))
+    )
+
+
 def build(v: PerBlockCastLosslessVariant):
     bm, bk = v.block_m, v.block_k
     rows_per_thread = bm // ROWS_PER_PASS
@@ -57,7 +78,8 @@ def build(v: PerBlockCastLosslessVariant):
     @T.prim_func
     def per_block_cast_lossless_kernel(
         # Y first: its shape binds `hidden`, which X's (hidden / 2) cannot.
-        Y: T.StridedTensor((num_tokens, hidden), (y_stride, 1), "float8_e4m3fn"),
+        # e4m3 bytes (built as integers; the host passes the float8_e4m3fn tensor's pointer).
+        Y: T.StridedTensor((num_tokens, hidden), (y_stride, 1), "uint8"),
         X: T.StridedTensor((num_tokens, hidden // 2), (x_stride, 1), "uint8"),
         # Input and output SF as bytes at runtime byte strides (extents nominal).
         SIN: T.Tensor((num_tokens * hidden,), "uint8"),
@@ -72,6 +94,7 @@ def build(v: PerBlockCastLosslessVariant):
         sf_stride_k: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, bm) * T.ceildiv(hidden, COLS_PER_CTA), threads=THREADS) as b:
+            T.annotate_min_blocks_per_sm(4)  # at most 64 registers: 4 CTAs (1024 threads) an SM
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")
             bx = b // T.ceildiv(hidden, COLS_PER_CTA)
@@ -88,7 +111,7 @@ def build(v: PerBlockCastLosslessVariant):
             red_min = T.alloc_shared((ROWS_PER_PASS, groups_per_cta), "float32")
             xs = T.alloc_local((rows_per_thread, VEC // 2), "uint8")
             sfs = T.alloc_local((rows_per_thread,), "float32")
-            ys = T.alloc_local((VEC,), "float8_e4m3fn")
+            ys = T.alloc_local((VEC,), "uint8")
             smax = T.alloc_var("float32")
             smin = T.alloc_var("float32")
             smax = T.float32(0)
@@ -154,15 +177,42 @@ def build(v: PerBlockCastLosslessVariant):
             for u in T.unroll(rows_per_thread):
                 row = bx * bm + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
                 scale = sfs[u] * inv
-                for j in T.unroll(VEC // 2):
-                    byte = T.cast(xs[u, j], "int32")
-                    ys[2 * j] = T.cast(
-                        T.clamp(e2m1_value(byte & 15) * scale, T.float32(-448.0), T.float32(448.0)), "float8_e4m3fn"
-                    )
-                    ys[2 * j + 1] = T.cast(
-                        T.clamp(e2m1_value(T.shift_right(byte, 4)) * scale, T.float32(-448.0), T.float32(448.0)),
-                        "float8_e4m3fn",
-                    )
+                if T.abs(scale) < T.float32(T.infinity("float32")):
+                    # A finite scale maps +-v to bytes that differ only in bit 7 (the product,
+                    # clamp and RNE are sign-symmetric), so convert the 8 magnitudes once, as
+                    # the elements would be, and look the 16 codes up 4 at a time: PRMT with
+                    # the 3 magnitude bits of 4 nibbles as byte selectors, then flip the bytes
+                    # whose code has bit 3 set.
+                    tab_lo = T.alloc_var("uint32")
+                    tab_hi = T.alloc_var("uint32")
+                    tab_lo = T.uint32(0)
+                    tab_hi = T.uint32(0)
+                    for m in T.unroll(4):
+                        tab_lo = tab_lo | T.shift_left(e4m3_byte(e2m1_value(T.int32(m)) * scale), T.uint32(8 * m))
+                        tab_hi = tab_hi | T.shift_left(e4m3_byte(e2m1_value(T.int32(m + 4)) * scale), T.uint32(8 * m))
+                    for k in T.unroll(VEC // 8):
+                        # 4 packed input bytes = 8 codes = 8 output bytes (low nibble first).
+                        w = (
+                            T.cast(xs[u, 4 * k], "uint32")
+                            | T.shift_left(T.cast(xs[u, 4 * k + 1], "uint32"), T.uint32(8))
+                            | T.shift_left(T.cast(xs[u, 4 * k + 2], "uint32"), T.uint32(16))
+                            | T.shift_left(T.cast(xs[u, 4 * k + 3], "uint32"), T.uint32(24))
+                        )
+                        for h in T.unroll(2):
+                            nib = T.shift_right(w, T.uint32(16 * h)) & T.uint32(0xFFFF)  # 4 codes
+                            out = T.call_extern(
+                                "uint32", "__byte_perm", tab_lo, tab_hi, nib & T.uint32(0x7777)
+                            ) ^ sign_bits(nib)
+                            for i in T.unroll(4):
+                                ys[8 * k + 4 * h + i] = T.cast(
+                                    T.shift_right(out, T.uint32(8 * i)) & T.uint32(255), "uint8"
+                                )
+                else:
+                    # inf or NaN scale (a block the SF marks NaN): the element-wise conversion.
+                    for j in T.unroll(VEC // 2):
+                        byte = T.cast(xs[u, j], "int32")
+                        ys[2 * j] = T.cast(e4m3_byte(e2m1_value(byte & 15) * scale), "uint8")
+                        ys[2 * j + 1] = T.cast(e4m3_byte(e2m1_value(T.shift_right(byte, 4)) * scale), "uint8")
                 if row < num_tokens and col < hidden:
                     for j in T.vectorized(VEC):
                         Y[row, by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * VEC + j] = ys[j]

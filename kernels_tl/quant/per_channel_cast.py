@@ -40,6 +40,11 @@ def build(v: PerChannelCastVariant):
     npt = v.num_per_tokens
     rows_per_thread = npt // ROWS_PER_PASS
     assert rows_per_thread * ROWS_PER_PASS == npt, v
+    # The data a thread holds in registers: up to 64 bytes, four CTAs an SM fit under 64
+    # registers a thread; up to 128 bytes three (80: at 64 sm_100a spilled 200 bytes), so some
+    # CTAs' loads overlap the others' barriers and math. Otherwise two (128 registers).
+    held_bytes = rows_per_thread * VEC * (2 if reg_dtype == "bfloat16" else 4)
+    ctas_per_sm = 4 if held_bytes <= 64 else (3 if held_bytes <= 128 else 2)
 
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
@@ -64,6 +69,7 @@ def build(v: PerChannelCastVariant):
         num_per_channels: T.int32,
     ):
         with T.Kernel(num_row_blocks * T.ceildiv(hidden, COLS_PER_CTA), threads=THREADS) as b:
+            T.annotate_min_blocks_per_sm(ctas_per_sm)  # caps registers: 64 (4 CTAs), 80 (3) or 128 (2)
             # Registers, so the divisions run once per CTA (not as 64-bit divisions per index).
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")
