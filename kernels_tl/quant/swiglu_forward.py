@@ -104,24 +104,42 @@ def build(v: SwigluForwardVariant):
                 w = W[row]
             ls = T.alloc_local((VEC,), in_dtype)
             rs = T.alloc_local((VEC,), in_dtype)
+            nls = T.alloc_local((VEC,), in_dtype)  # the next pass's vectors, loaded before this pass computes
+            nrs = T.alloc_local((VEC,), in_dtype)
             ys = T.alloc_local((VEC,), "float32")
             outs = T.alloc_local((VEC,), out_dtype)
             counts = T.alloc_local((3,), "int32")
             red = T.alloc_shared((THREADS // 32, 3), "int32")
             for k in T.unroll(3):
                 counts[k] = 0
+            # Pass 0's vectors (zeros for padding rows and columns past the row, as every pass).
+            if valid != 0 and tx * VEC < hidden:
+                for j in T.vectorized(VEC):
+                    nls[j] = X[row, tx * VEC + j]
+                for j in T.vectorized(VEC):
+                    nrs[j] = X[row, hidden + tx * VEC + j]
+            else:
+                for j in T.vectorized(VEC):
+                    nls[j] = T.cast(0, in_dtype)
+                for j in T.vectorized(VEC):
+                    nrs[j] = T.cast(0, in_dtype)
             for i in T.serial(T.ceildiv(hidden, cols_per_pass)):
                 col = (i * THREADS + tx) * VEC
-                if valid != 0 and col < hidden:
+                for j in T.vectorized(VEC):
+                    ls[j] = nls[j]
+                for j in T.vectorized(VEC):
+                    rs[j] = nrs[j]
+                # Prefetch pass i + 1 so its loads are in flight while pass i computes.
+                if valid != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
                     for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
                     for j in T.vectorized(VEC):
-                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        nrs[j] = X[row, hidden + ((i + 1) * THREADS + tx) * VEC + j]
                 else:
                     for j in T.vectorized(VEC):
-                        ls[j] = T.cast(0, in_dtype)
+                        nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        rs[j] = T.cast(0, in_dtype)
+                        nrs[j] = T.cast(0, in_dtype)
                 for j in T.unroll(VEC):
                     y, l_hi, r_hi, r_lo = swiglu_values(
                         T.cast(ls[j], "float32"), T.cast(rs[j], "float32"), w, scale, clamp_value
