@@ -111,109 +111,272 @@ def build(v: SwigluBackwardVariant):
             wg = T.alloc_var("float32")
             red = T.alloc_shared((THREADS // 32,), "float32")
             wg = T.float32(0)
-            for i in T.serial(T.ceildiv(2 * hidden, cols_per_pass)):
-                col = (i * THREADS + tx) * VEC  # in the 2H-wide row
-                left = col < hidden
-                sf_l = T.float32(1)
-                sf_r = T.float32(1)
-                if valid != 0 and col < hidden:
+            nls = T.alloc_local((VEC,), in_dtype)  # paired loop: the next pass's vectors and SFs, prefetched
+            nrs = T.alloc_local((VEC,), in_dtype)
+            ngs = T.alloc_local((VEC,), grad_dtype)
+            nsf_l = T.alloc_var("float32")
+            nsf_r = T.alloc_var("float32")
+            drs = T.alloc_local((VEC,), "float32")
+            dxrs = T.alloc_local((VEC,), out_dtype)
+            # Paired loop (whenever the right half's SF groups line up with the left half's, H % npc == 0):
+            # pass i's thread tx owns left columns c = 16 * (i * 64 + tx) < H and right columns H + c: one
+            # load of x_left, x_right, act_x_grad and one exp and silu per pair, with the next pass's vectors
+            # in flight while this one computes. weight_grad visits each thread's left columns in the same
+            # order as the split loop below (same bits). The split loop is the H % 128 == 64 fallback.
+            if hidden % npc == 0:
+                if valid != 0 and tx * VEC < hidden:
                     for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        nls[j] = X[row, tx * VEC + j]
                     for j in T.vectorized(VEC):
-                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        nrs[j] = X[row, hidden + tx * VEC + j]
                     for j in T.vectorized(VEC):
-                        gs[j] = G[row, (i * THREADS + tx) * VEC + j]
+                        ngs[j] = G[row, tx * VEC + j]
                     if quantized_in:
-                        sf_l = XS[row, col // npc]
-                        sf_r = XS[row, (hidden + col) // npc]
-                elif valid != 0 and col < 2 * hidden:
-                    for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC - hidden + j]
-                    for j in T.vectorized(VEC):
-                        rs[j] = X[row, (i * THREADS + tx) * VEC + j]
-                    for j in T.vectorized(VEC):
-                        gs[j] = G[row, (i * THREADS + tx) * VEC - hidden + j]
-                    if quantized_in:
-                        sf_l = XS[row, (col - hidden) // npc]
-                        sf_r = XS[row, col // npc]
+                        nsf_l = XS[row, tx * VEC // npc]
+                        nsf_r = XS[row, (hidden + tx * VEC) // npc]
                 else:
                     for j in T.vectorized(VEC):
-                        ls[j] = T.cast(0, in_dtype)
+                        nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        rs[j] = T.cast(0, in_dtype)
+                        nrs[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        gs[j] = T.cast(0, grad_dtype)
-                for j in T.unroll(VEC):
-                    # Intermediates in registers, each computed once (if_then_else expressions
-                    # would be expanded and recomputed per use).
-                    x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
-                    x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
-                    g = T.cast(gs[j], "float32")
-                    lc = T.alloc_var("float32")
-                    rc = T.alloc_var("float32")
-                    den = T.alloc_var("float32")
-                    silu = T.alloc_var("float32")
-                    gw = T.alloc_var("float32")
-                    lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
-                    rc = T.if_then_else(
-                        x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
-                    )
-                    den = T.ieee_add(T.float32(1), T.exp(-lc))
-                    silu = T.ieee_fdiv(lc, den)
-                    gw = T.ieee_mul(T.ieee_mul(g, w), scale)
-                    if left:
+                        ngs[j] = T.cast(0, grad_dtype)
+                    nsf_l = T.float32(1)
+                    nsf_r = T.float32(1)
+                for i in T.serial(T.ceildiv(hidden, cols_per_pass)):
+                    col = (i * THREADS + tx) * VEC  # a left column
+                    for j in T.vectorized(VEC):
+                        ls[j] = nls[j]
+                    for j in T.vectorized(VEC):
+                        rs[j] = nrs[j]
+                    for j in T.vectorized(VEC):
+                        gs[j] = ngs[j]
+                    sf_l = nsf_l
+                    sf_r = nsf_r
+                    if valid != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            nrs[j] = X[row, hidden + ((i + 1) * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            ngs[j] = G[row, ((i + 1) * THREADS + tx) * VEC + j]
+                        if quantized_in:
+                            nsf_l = XS[row, ((i + 1) * THREADS + tx) * VEC // npc]
+                            nsf_r = XS[row, (hidden + ((i + 1) * THREADS + tx) * VEC) // npc]
+                    else:
+                        for j in T.vectorized(VEC):
+                            nls[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            nrs[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            ngs[j] = T.cast(0, grad_dtype)
+                        nsf_l = T.float32(1)
+                        nsf_r = T.float32(1)
+                    for j in T.unroll(VEC):
+                        x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                        x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                        g = T.cast(gs[j], "float32")
+                        lc = T.alloc_var("float32")
+                        rc = T.alloc_var("float32")
+                        den = T.alloc_var("float32")
+                        silu = T.alloc_var("float32")
+                        gw = T.alloc_var("float32")
                         sig = T.alloc_var("float32")
                         t = T.alloc_var("float32")
+                        lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                        rc = T.if_then_else(
+                            x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
+                        )
+                        den = T.ieee_add(T.float32(1), T.exp(-lc))
+                        silu = T.ieee_fdiv(lc, den)
+                        gw = T.ieee_mul(T.ieee_mul(g, w), scale)
                         sig = T.ieee_fdiv(T.float32(1), den)
                         dsilu = T.ieee_mul(sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig))))
                         dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
                         ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
-                        t = T.ieee_mul(silu, rc)
-                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
-                        wg = T.ieee_add(wg, T.ieee_mul(t, g))
-                    else:
                         dr = T.if_then_else(
                             T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
                         )
-                        ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
-                for j in T.vectorized(VEC):
-                    dxs[j] = T.cast(ds[j], out_dtype)
-                if col < 2 * hidden:
+                        drs[j] = T.if_then_else(valid != 0, dr, T.float32(0))
+                        t = T.ieee_mul(silu, rc)
+                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
+                        if col < hidden:
+                            wg = T.ieee_add(wg, T.ieee_mul(t, g))
                     for j in T.vectorized(VEC):
-                        DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
-                if do_recompute != 0 and col < hidden:
+                        dxs[j] = T.cast(ds[j], out_dtype)
                     for j in T.vectorized(VEC):
-                        acts_out[j] = T.cast(acts[j], grad_dtype)
-                    for j in T.vectorized(VEC):
-                        A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
-                if quantize:
-                    group = col // npc
-                    amax = T.alloc_var("float32")
-                    amax = T.float32(0)
+                        dxrs[j] = T.cast(drs[j], out_dtype)
+                    if col < hidden:
+                        for j in T.vectorized(VEC):
+                            DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
+                        for j in T.vectorized(VEC):
+                            DX[row, hidden + (i * THREADS + tx) * VEC + j] = dxrs[j]
+                    if do_recompute != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            acts_out[j] = T.cast(acts[j], grad_dtype)
+                        for j in T.vectorized(VEC):
+                            A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
+                    if quantize:
+                        group = (col) // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(ds[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
+                        group = (hidden + col) // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(drs[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(drs[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, hidden + (i * THREADS + tx) * VEC + j] = qs[j]
+            else:
+                for i in T.serial(T.ceildiv(2 * hidden, cols_per_pass)):
+                    col = (i * THREADS + tx) * VEC  # in the 2H-wide row
+                    left = col < hidden
+                    sf_l = T.float32(1)
+                    sf_r = T.float32(1)
+                    if valid != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            gs[j] = G[row, (i * THREADS + tx) * VEC + j]
+                        if quantized_in:
+                            sf_l = XS[row, col // npc]
+                            sf_r = XS[row, (hidden + col) // npc]
+                    elif valid != 0 and col < 2 * hidden:
+                        for j in T.vectorized(VEC):
+                            ls[j] = X[row, (i * THREADS + tx) * VEC - hidden + j]
+                        for j in T.vectorized(VEC):
+                            rs[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            gs[j] = G[row, (i * THREADS + tx) * VEC - hidden + j]
+                        if quantized_in:
+                            sf_l = XS[row, (col - hidden) // npc]
+                            sf_r = XS[row, col // npc]
+                    else:
+                        for j in T.vectorized(VEC):
+                            ls[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            rs[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            gs[j] = T.cast(0, grad_dtype)
                     for j in T.unroll(VEC):
-                        amax = T.max(amax, T.abs(ds[j]))
-                    for s in T.unroll(lanes.bit_length() - 1):
-                        amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                    c = T.max(amax, amax_clamp)
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
-                    owner = col < 2 * hidden and (tx % lanes) == 0
-                    if v.packed_ue8m0:
-                        if owner:
-                            S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                            # The last group zero-fills the rest of its 4-byte word.
-                            if group == num_groups - 1:
-                                for k in T.serial(3 - group % 4):
-                                    S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
-                    elif owner:
-                        S[row, group] = (
-                            T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                        # Intermediates in registers, each computed once (if_then_else expressions
+                        # would be expanded and recomputed per use).
+                        x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                        x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                        g = T.cast(gs[j], "float32")
+                        lc = T.alloc_var("float32")
+                        rc = T.alloc_var("float32")
+                        den = T.alloc_var("float32")
+                        silu = T.alloc_var("float32")
+                        gw = T.alloc_var("float32")
+                        lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                        rc = T.if_then_else(
+                            x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
                         )
+                        den = T.ieee_add(T.float32(1), T.exp(-lc))
+                        silu = T.ieee_fdiv(lc, den)
+                        gw = T.ieee_mul(T.ieee_mul(g, w), scale)
+                        if left:
+                            sig = T.alloc_var("float32")
+                            t = T.alloc_var("float32")
+                            sig = T.ieee_fdiv(T.float32(1), den)
+                            dsilu = T.ieee_mul(
+                                sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig)))
+                            )
+                            dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
+                            ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
+                            t = T.ieee_mul(silu, rc)
+                            acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
+                            wg = T.ieee_add(wg, T.ieee_mul(t, g))
+                        else:
+                            dr = T.if_then_else(
+                                T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
+                            )
+                            ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
                     for j in T.vectorized(VEC):
-                        qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        dxs[j] = T.cast(ds[j], out_dtype)
                     if col < 2 * hidden:
                         for j in T.vectorized(VEC):
-                            Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
+                            DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
+                    if do_recompute != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            acts_out[j] = T.cast(acts[j], grad_dtype)
+                        for j in T.vectorized(VEC):
+                            A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
+                    if quantize:
+                        group = col // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(ds[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < 2 * hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < 2 * hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
             if has_weights != 0:
                 for s in T.unroll(5):
                     wg = T.ieee_add(wg, T.shfl_xor(wg, 16 >> s))
