@@ -6,13 +6,18 @@ arithmetic is the one written out in src/tilebake/torch/swiglu.py (the bit-exact
 explicit __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn, so nvcc cannot contract anything into FMAs
 the eager torch reference does not do; exp is the accurate expf.
 
-Mapping: one CTA of 64 threads per row; in pass i thread tx owns 16 consecutive columns
-c = 16 * (i * 64 + tx) of the (E, 2H) input gradient. A left column (c < H) gives d x_left[c],
-a right one d x_right[c - H]; both read x_left, x_right and act_x_grad at the same relative
-column. `npc / 16` consecutive lanes share an output SF group of the 2H-wide row (so a group
-straddling x_left and x_right, H % 128 == 64 with npc 128, needs nothing special). Left chunks
-also write act_out and accumulate weight_grad, summed per thread in column order, then across
-the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1.
+Mapping: one CTA of 64 threads per row. Paired loop (H % npc == 0, so the right half's SF
+groups line up with the left half's; always true for the plain variants and npc 32): in pass i
+thread tx owns left columns c = 16 * (i * 64 + tx) < H and right columns H + c. It loads
+x_left[c:c+16], x_right[c:c+16], act_x_grad[c:c+16] (and their input SFs) once, computes exp and
+silu once per pair, and writes d x_left, d x_right (and their e4m3 casts) and act_out; pass i + 1's
+vectors are loaded before pass i computes. The split loop (H % 128 == 64 with npc 128) is the
+original mapping: in pass i thread tx owns 16 columns c = 16 * (i * 64 + tx) of the 2H row, a left
+column giving d x_left[c], a right one d x_right[c - H], both reading x_left, x_right and act_x_grad
+at the same relative column. Either way `npc / 16` consecutive lanes share an output SF group and
+reduce its amax with xor shuffles, and weight_grad is summed per thread over its left columns in
+column order, then across the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1 (the
+same order in both loops).
 """
 
 import tilelang.language as T

@@ -8,7 +8,9 @@ kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md).
 
 Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
 16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
-x_right[j:j+16]. `npc / 16` consecutive lanes share an SF group and reduce its amax with warp
+x_right[j:j+16]; pass i + 1's vectors are loaded before pass i computes, so a thread always has a
+load in flight while it works through the serial expf/division chains.
+`npc / 16` consecutive lanes share an SF group and reduce its amax with warp
 shuffles (64 * 16 columns per pass is a multiple of every group width). The row's validity is
 found once per CTA by a binary search of psum (`search_steps` = num_experts.bit_length() steps).
 Padding rows read nothing and write +0 (and a zero row's scale). Clamp statistics are reduced
