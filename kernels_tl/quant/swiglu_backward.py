@@ -6,13 +6,18 @@ arithmetic is the one written out in src/tilebake/torch/swiglu.py (the bit-exact
 explicit __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn, so nvcc cannot contract anything into FMAs
 the eager torch reference does not do; exp is the accurate expf.
 
-Mapping: one CTA of 64 threads per row; in pass i thread tx owns 16 consecutive columns
-c = 16 * (i * 64 + tx) of the (E, 2H) input gradient. A left column (c < H) gives d x_left[c],
-a right one d x_right[c - H]; both read x_left, x_right and act_x_grad at the same relative
-column. `npc / 16` consecutive lanes share an output SF group of the 2H-wide row (so a group
-straddling x_left and x_right, H % 128 == 64 with npc 128, needs nothing special). Left chunks
-also write act_out and accumulate weight_grad, summed per thread in column order, then across
-the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1.
+Mapping: one CTA of 64 threads per row. Paired loop (H % npc == 0, so the right half's SF
+groups line up with the left half's; always true for the plain variants and npc 32): in pass i
+thread tx owns left columns c = 16 * (i * 64 + tx) < H and right columns H + c. It loads
+x_left[c:c+16], x_right[c:c+16], act_x_grad[c:c+16] (and their input SFs) once, computes exp and
+silu once per pair, and writes d x_left, d x_right (and their e4m3 casts) and act_out; pass i + 1's
+vectors are loaded before pass i computes. The split loop (H % 128 == 64 with npc 128) is the
+original mapping: in pass i thread tx owns 16 columns c = 16 * (i * 64 + tx) of the 2H row, a left
+column giving d x_left[c], a right one d x_right[c - H], both reading x_left, x_right and act_x_grad
+at the same relative column. Either way `npc / 16` consecutive lanes share an output SF group and
+reduce its amax with xor shuffles, and weight_grad is summed per thread over its left columns in
+column order, then across the warp by xor shuffles (16, 8, 4, 2, 1), then warp 0 + warp 1 (the
+same order in both loops).
 """
 
 import tilelang.language as T
@@ -22,6 +27,10 @@ from tilebake.quant.swiglu_backward import SwigluBackwardVariant
 
 THREADS = 64
 VEC = 16
+# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the serial
+# expf/division chains and the loads. bf16/e4m3 x: 12 (80 registers on sm_90a instead of 116,
+# a handful of spill instructions); fp32 x would spill heavily under a cap, so it keeps 1.
+MIN_CTAS_PER_SM = {"bf16": 12, "e4m3": 12, "fp32": 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 _ALIGN = {"bf16": 8, "fp32": 4, "e4m3": 16}  # elements in 16 bytes
@@ -71,6 +80,7 @@ def build(v: SwigluBackwardVariant):
         amax_clamp: T.float32,  # quantize only
     ):
         with T.Kernel(num_tokens, threads=THREADS) as row:
+            T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM[v.in_dtype])
             T.assume(x_stride % _ALIGN[v.in_dtype] == 0)
             T.assume(g_stride % _ALIGN[v.grad_dtype] == 0)
             T.assume(hidden % 64 == 0)
@@ -111,109 +121,272 @@ def build(v: SwigluBackwardVariant):
             wg = T.alloc_var("float32")
             red = T.alloc_shared((THREADS // 32,), "float32")
             wg = T.float32(0)
-            for i in T.serial(T.ceildiv(2 * hidden, cols_per_pass)):
-                col = (i * THREADS + tx) * VEC  # in the 2H-wide row
-                left = col < hidden
-                sf_l = T.float32(1)
-                sf_r = T.float32(1)
-                if valid != 0 and col < hidden:
+            nls = T.alloc_local((VEC,), in_dtype)  # paired loop: the next pass's vectors and SFs, prefetched
+            nrs = T.alloc_local((VEC,), in_dtype)
+            ngs = T.alloc_local((VEC,), grad_dtype)
+            nsf_l = T.alloc_var("float32")
+            nsf_r = T.alloc_var("float32")
+            drs = T.alloc_local((VEC,), "float32")
+            dxrs = T.alloc_local((VEC,), out_dtype)
+            # Paired loop (whenever the right half's SF groups line up with the left half's, H % npc == 0):
+            # pass i's thread tx owns left columns c = 16 * (i * 64 + tx) < H and right columns H + c: one
+            # load of x_left, x_right, act_x_grad and one exp and silu per pair, with the next pass's vectors
+            # in flight while this one computes. weight_grad visits each thread's left columns in the same
+            # order as the split loop below (same bits). The split loop is the H % 128 == 64 fallback.
+            if hidden % npc == 0:
+                if valid != 0 and tx * VEC < hidden:
                     for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        nls[j] = X[row, tx * VEC + j]
                     for j in T.vectorized(VEC):
-                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        nrs[j] = X[row, hidden + tx * VEC + j]
                     for j in T.vectorized(VEC):
-                        gs[j] = G[row, (i * THREADS + tx) * VEC + j]
+                        ngs[j] = G[row, tx * VEC + j]
                     if quantized_in:
-                        sf_l = XS[row, col // npc]
-                        sf_r = XS[row, (hidden + col) // npc]
-                elif valid != 0 and col < 2 * hidden:
-                    for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC - hidden + j]
-                    for j in T.vectorized(VEC):
-                        rs[j] = X[row, (i * THREADS + tx) * VEC + j]
-                    for j in T.vectorized(VEC):
-                        gs[j] = G[row, (i * THREADS + tx) * VEC - hidden + j]
-                    if quantized_in:
-                        sf_l = XS[row, (col - hidden) // npc]
-                        sf_r = XS[row, col // npc]
+                        nsf_l = XS[row, tx * VEC // npc]
+                        nsf_r = XS[row, (hidden + tx * VEC) // npc]
                 else:
                     for j in T.vectorized(VEC):
-                        ls[j] = T.cast(0, in_dtype)
+                        nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        rs[j] = T.cast(0, in_dtype)
+                        nrs[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        gs[j] = T.cast(0, grad_dtype)
-                for j in T.unroll(VEC):
-                    # Intermediates in registers, each computed once (if_then_else expressions
-                    # would be expanded and recomputed per use).
-                    x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
-                    x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
-                    g = T.cast(gs[j], "float32")
-                    lc = T.alloc_var("float32")
-                    rc = T.alloc_var("float32")
-                    den = T.alloc_var("float32")
-                    silu = T.alloc_var("float32")
-                    gw = T.alloc_var("float32")
-                    lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
-                    rc = T.if_then_else(
-                        x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
-                    )
-                    den = T.ieee_add(T.float32(1), T.exp(-lc))
-                    silu = T.ieee_fdiv(lc, den)
-                    gw = T.ieee_mul(T.ieee_mul(g, w), scale)
-                    if left:
+                        ngs[j] = T.cast(0, grad_dtype)
+                    nsf_l = T.float32(1)
+                    nsf_r = T.float32(1)
+                for i in T.serial(T.ceildiv(hidden, cols_per_pass)):
+                    col = (i * THREADS + tx) * VEC  # a left column
+                    for j in T.vectorized(VEC):
+                        ls[j] = nls[j]
+                    for j in T.vectorized(VEC):
+                        rs[j] = nrs[j]
+                    for j in T.vectorized(VEC):
+                        gs[j] = ngs[j]
+                    sf_l = nsf_l
+                    sf_r = nsf_r
+                    if valid != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            nrs[j] = X[row, hidden + ((i + 1) * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            ngs[j] = G[row, ((i + 1) * THREADS + tx) * VEC + j]
+                        if quantized_in:
+                            nsf_l = XS[row, ((i + 1) * THREADS + tx) * VEC // npc]
+                            nsf_r = XS[row, (hidden + ((i + 1) * THREADS + tx) * VEC) // npc]
+                    else:
+                        for j in T.vectorized(VEC):
+                            nls[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            nrs[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            ngs[j] = T.cast(0, grad_dtype)
+                        nsf_l = T.float32(1)
+                        nsf_r = T.float32(1)
+                    for j in T.unroll(VEC):
+                        x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                        x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                        g = T.cast(gs[j], "float32")
+                        lc = T.alloc_var("float32")
+                        rc = T.alloc_var("float32")
+                        den = T.alloc_var("float32")
+                        silu = T.alloc_var("float32")
+                        gw = T.alloc_var("float32")
                         sig = T.alloc_var("float32")
                         t = T.alloc_var("float32")
+                        lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                        rc = T.if_then_else(
+                            x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
+                        )
+                        den = T.ieee_add(T.float32(1), T.exp(-lc))
+                        silu = T.ieee_fdiv(lc, den)
+                        gw = T.ieee_mul(T.ieee_mul(g, w), scale)
                         sig = T.ieee_fdiv(T.float32(1), den)
                         dsilu = T.ieee_mul(sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig))))
                         dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
                         ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
-                        t = T.ieee_mul(silu, rc)
-                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
-                        wg = T.ieee_add(wg, T.ieee_mul(t, g))
-                    else:
                         dr = T.if_then_else(
                             T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
                         )
-                        ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
-                for j in T.vectorized(VEC):
-                    dxs[j] = T.cast(ds[j], out_dtype)
-                if col < 2 * hidden:
+                        drs[j] = T.if_then_else(valid != 0, dr, T.float32(0))
+                        t = T.ieee_mul(silu, rc)
+                        acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
+                        if col < hidden:
+                            wg = T.ieee_add(wg, T.ieee_mul(t, g))
                     for j in T.vectorized(VEC):
-                        DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
-                if do_recompute != 0 and col < hidden:
+                        dxs[j] = T.cast(ds[j], out_dtype)
                     for j in T.vectorized(VEC):
-                        acts_out[j] = T.cast(acts[j], grad_dtype)
-                    for j in T.vectorized(VEC):
-                        A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
-                if quantize:
-                    group = col // npc
-                    amax = T.alloc_var("float32")
-                    amax = T.float32(0)
+                        dxrs[j] = T.cast(drs[j], out_dtype)
+                    if col < hidden:
+                        for j in T.vectorized(VEC):
+                            DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
+                        for j in T.vectorized(VEC):
+                            DX[row, hidden + (i * THREADS + tx) * VEC + j] = dxrs[j]
+                    if do_recompute != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            acts_out[j] = T.cast(acts[j], grad_dtype)
+                        for j in T.vectorized(VEC):
+                            A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
+                    if quantize:
+                        group = (col) // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(ds[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
+                        group = (hidden + col) // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(drs[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(drs[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, hidden + (i * THREADS + tx) * VEC + j] = qs[j]
+            else:
+                for i in T.serial(T.ceildiv(2 * hidden, cols_per_pass)):
+                    col = (i * THREADS + tx) * VEC  # in the 2H-wide row
+                    left = col < hidden
+                    sf_l = T.float32(1)
+                    sf_r = T.float32(1)
+                    if valid != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            gs[j] = G[row, (i * THREADS + tx) * VEC + j]
+                        if quantized_in:
+                            sf_l = XS[row, col // npc]
+                            sf_r = XS[row, (hidden + col) // npc]
+                    elif valid != 0 and col < 2 * hidden:
+                        for j in T.vectorized(VEC):
+                            ls[j] = X[row, (i * THREADS + tx) * VEC - hidden + j]
+                        for j in T.vectorized(VEC):
+                            rs[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        for j in T.vectorized(VEC):
+                            gs[j] = G[row, (i * THREADS + tx) * VEC - hidden + j]
+                        if quantized_in:
+                            sf_l = XS[row, (col - hidden) // npc]
+                            sf_r = XS[row, col // npc]
+                    else:
+                        for j in T.vectorized(VEC):
+                            ls[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            rs[j] = T.cast(0, in_dtype)
+                        for j in T.vectorized(VEC):
+                            gs[j] = T.cast(0, grad_dtype)
                     for j in T.unroll(VEC):
-                        amax = T.max(amax, T.abs(ds[j]))
-                    for s in T.unroll(lanes.bit_length() - 1):
-                        amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                    c = T.max(amax, amax_clamp)
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
-                    owner = col < 2 * hidden and (tx % lanes) == 0
-                    if v.packed_ue8m0:
-                        if owner:
-                            S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                            # The last group zero-fills the rest of its 4-byte word.
-                            if group == num_groups - 1:
-                                for k in T.serial(3 - group % 4):
-                                    S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
-                    elif owner:
-                        S[row, group] = (
-                            T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                        # Intermediates in registers, each computed once (if_then_else expressions
+                        # would be expanded and recomputed per use).
+                        x_l = T.ieee_mul(T.cast(ls[j], "float32"), sf_l) if quantized_in else T.cast(ls[j], "float32")
+                        x_r = T.ieee_mul(T.cast(rs[j], "float32"), sf_r) if quantized_in else T.cast(rs[j], "float32")
+                        g = T.cast(gs[j], "float32")
+                        lc = T.alloc_var("float32")
+                        rc = T.alloc_var("float32")
+                        den = T.alloc_var("float32")
+                        silu = T.alloc_var("float32")
+                        gw = T.alloc_var("float32")
+                        lc = T.if_then_else(x_l > clamp_value, clamp_value, x_l)
+                        rc = T.if_then_else(
+                            x_r > clamp_value, clamp_value, T.if_then_else(x_r < -clamp_value, -clamp_value, x_r)
                         )
+                        den = T.ieee_add(T.float32(1), T.exp(-lc))
+                        silu = T.ieee_fdiv(lc, den)
+                        gw = T.ieee_mul(T.ieee_mul(g, w), scale)
+                        if left:
+                            sig = T.alloc_var("float32")
+                            t = T.alloc_var("float32")
+                            sig = T.ieee_fdiv(T.float32(1), den)
+                            dsilu = T.ieee_mul(
+                                sig, T.ieee_add(T.float32(1), T.ieee_mul(lc, T.ieee_sub(T.float32(1), sig)))
+                            )
+                            dl = T.if_then_else(x_l > clamp_value, T.float32(0), T.ieee_mul(T.ieee_mul(gw, rc), dsilu))
+                            ds[j] = T.if_then_else(valid != 0, dl, T.float32(0))
+                            t = T.ieee_mul(silu, rc)
+                            acts[j] = T.if_then_else(valid != 0, T.ieee_mul(T.ieee_mul(t, w), scale), T.float32(0))
+                            wg = T.ieee_add(wg, T.ieee_mul(t, g))
+                        else:
+                            dr = T.if_then_else(
+                                T.Or(x_r > clamp_value, x_r < -clamp_value), T.float32(0), T.ieee_mul(gw, silu)
+                            )
+                            ds[j] = T.if_then_else(valid != 0, dr, T.float32(0))
                     for j in T.vectorized(VEC):
-                        qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        dxs[j] = T.cast(ds[j], out_dtype)
                     if col < 2 * hidden:
                         for j in T.vectorized(VEC):
-                            Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
+                            DX[row, (i * THREADS + tx) * VEC + j] = dxs[j]
+                    if do_recompute != 0 and col < hidden:
+                        for j in T.vectorized(VEC):
+                            acts_out[j] = T.cast(acts[j], grad_dtype)
+                        for j in T.vectorized(VEC):
+                            A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
+                    if quantize:
+                        group = col // npc
+                        amax = T.alloc_var("float32")
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(ds[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+                        inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                        owner = col < 2 * hidden and (tx % lanes) == 0
+                        if v.packed_ue8m0:
+                            if owner:
+                                S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                # The last group zero-fills the rest of its 4-byte word.
+                                if group == num_groups - 1:
+                                    for k in T.serial(3 - group % 4):
+                                        S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        elif owner:
+                            S[row, group] = (
+                                T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
+                            )
+                        for j in T.vectorized(VEC):
+                            qs[j] = T.cast(T.clamp(ds[j] * inv, -fmt_max, fmt_max), "float8_e4m3fn")
+                        if col < 2 * hidden:
+                            for j in T.vectorized(VEC):
+                                Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
             if has_weights != 0:
                 for s in T.unroll(5):
                     wg = T.ieee_add(wg, T.shfl_xor(wg, 16 >> s))

@@ -8,7 +8,9 @@ kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md).
 
 Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
 16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
-x_right[j:j+16]. `npc / 16` consecutive lanes share an SF group and reduce its amax with warp
+x_right[j:j+16]; pass i + 1's vectors are loaded before pass i computes, so a thread always has a
+load in flight while it works through the serial expf/division chains.
+`npc / 16` consecutive lanes share an SF group and reduce its amax with warp
 shuffles (64 * 16 columns per pass is a multiple of every group width). The row's validity is
 found once per CTA by a binary search of psum (`search_steps` = num_experts.bit_length() steps).
 Padding rows read nothing and write +0 (and a zero row's scale). Clamp statistics are reduced
@@ -22,6 +24,11 @@ from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 THREADS = 64
 VEC = 16  # output columns per thread per pass
+# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the serial
+# expf/division chains and the loads. bf16 x: 10 (96 registers on sm_90a instead of 126, at the
+# cost of ~14 values per pass kept in L1 stack slots across the divisions); fp32 x would spill
+# heavily under a cap, so it keeps the default 1.
+MIN_CTAS_PER_SM = {"bf16": 10, "fp32": 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 
@@ -75,6 +82,7 @@ def build(v: SwigluForwardVariant):
         amax_clamp: T.float32,
     ):
         with T.Kernel(num_tokens, threads=THREADS) as row:
+            T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM[v.in_dtype])
             T.assume(x_stride % (16 // (2 if v.in_dtype == "bf16" else 4)) == 0)
             T.assume(y_stride % 16 == 0)
             T.assume(hidden % 64 == 0)
@@ -104,24 +112,42 @@ def build(v: SwigluForwardVariant):
                 w = W[row]
             ls = T.alloc_local((VEC,), in_dtype)
             rs = T.alloc_local((VEC,), in_dtype)
+            nls = T.alloc_local((VEC,), in_dtype)  # the next pass's vectors, loaded before this pass computes
+            nrs = T.alloc_local((VEC,), in_dtype)
             ys = T.alloc_local((VEC,), "float32")
             outs = T.alloc_local((VEC,), out_dtype)
             counts = T.alloc_local((3,), "int32")
             red = T.alloc_shared((THREADS // 32, 3), "int32")
             for k in T.unroll(3):
                 counts[k] = 0
+            # Pass 0's vectors (zeros for padding rows and columns past the row, as every pass).
+            if valid != 0 and tx * VEC < hidden:
+                for j in T.vectorized(VEC):
+                    nls[j] = X[row, tx * VEC + j]
+                for j in T.vectorized(VEC):
+                    nrs[j] = X[row, hidden + tx * VEC + j]
+            else:
+                for j in T.vectorized(VEC):
+                    nls[j] = T.cast(0, in_dtype)
+                for j in T.vectorized(VEC):
+                    nrs[j] = T.cast(0, in_dtype)
             for i in T.serial(T.ceildiv(hidden, cols_per_pass)):
                 col = (i * THREADS + tx) * VEC
-                if valid != 0 and col < hidden:
+                for j in T.vectorized(VEC):
+                    ls[j] = nls[j]
+                for j in T.vectorized(VEC):
+                    rs[j] = nrs[j]
+                # Prefetch pass i + 1 so its loads are in flight while pass i computes.
+                if valid != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
                     for j in T.vectorized(VEC):
-                        ls[j] = X[row, (i * THREADS + tx) * VEC + j]
+                        nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
                     for j in T.vectorized(VEC):
-                        rs[j] = X[row, hidden + (i * THREADS + tx) * VEC + j]
+                        nrs[j] = X[row, hidden + ((i + 1) * THREADS + tx) * VEC + j]
                 else:
                     for j in T.vectorized(VEC):
-                        ls[j] = T.cast(0, in_dtype)
+                        nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
-                        rs[j] = T.cast(0, in_dtype)
+                        nrs[j] = T.cast(0, in_dtype)
                 for j in T.unroll(VEC):
                     y, l_hi, r_hi, r_lo = swiglu_values(
                         T.cast(ls[j], "float32"), T.cast(rs[j], "float32"), w, scale, clamp_value
