@@ -24,3 +24,20 @@ def test_import_loads_no_compiler_and_writes_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
     assert list(home.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+def test_quant_names_stay_functions_after_their_modules_load():
+    """tilebake.quant loads op modules lazily; importing a module directly (as the build and
+    some tests do) must not replace the function of the same name with the module."""
+    import importlib
+    import pkgutil
+
+    import tilebake.quant
+
+    for info in pkgutil.iter_modules(tilebake.quant.__path__):
+        importlib.import_module(f"tilebake.quant.{info.name}")
+    for name in tilebake.quant.__all__:
+        value = getattr(tilebake.quant, name)
+        assert name == "QuantTensor" or callable(value), (name, value)
+        if callable(value) and hasattr(value, "__module__"):
+            assert value.__name__ == name, (name, value)
