@@ -238,6 +238,7 @@ def main():
     env = harness.environment()
     copy_gbs = harness.copy_bandwidth_gbs()
     rows, failures = [], []
+    out = harness.results_dir()
     for op in ops:
         for make_case in cases.CASES[op]:
             for num_tokens, hidden in shapes:
@@ -257,6 +258,8 @@ def main():
                     continue
                 row["shape"] = (num_tokens, hidden)
                 rows.append(row)
+                # The rows so far, in case the run is cut short (the device has a time limit).
+                harness.write_json(out / f"{args.name}.partial.json", {"environment": env, "rows": rows})
                 print(
                     f"{op:16s} {row['variant']:45s} {num_tokens:6d} x {hidden:5d}: {row['eager_us']:8.1f} us "
                     f"{row['eager_gbs']:6.0f} GB/s ({row['eager_pct_copy']:5.1f}% of copy), back-to-back "
@@ -269,7 +272,6 @@ def main():
         cold = cold_start()
     except Exception as e:  # the rows above are still worth writing out
         failures.append(f"host cost / cold start: {type(e).__name__}: {e}")
-    out = harness.results_dir()
     harness.write_json(
         out / f"{args.name}.json",
         {
@@ -287,6 +289,7 @@ def main():
         text += "\n## Cases that failed\n\n" + "".join(f"- {f}\n" for f in failures)
     (out / f"{args.name}.md").write_text(text)
     chart(rows, copy_gbs, out / f"{args.name}.png")
+    (out / f"{args.name}.partial.json").unlink()
     print(text)
     if failures:
         sys.exit(f"{len(failures)} benchmark case(s) failed:\n" + "\n".join(failures))
