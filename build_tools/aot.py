@@ -194,7 +194,8 @@ def cmd_manifest(args):
         "partial_build_ops": sorted(filter(None, args.ops.split(","))) or None,
         "kernels": kernels,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    # Compact: the runtime parses it at the first launch, part of every cold start.
+    (out / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":"), sort_keys=True) + "\n")
     print(f"aot: manifest with {len(kernels)} variants x {len(args.arch)} archs")
 
 
