@@ -10,6 +10,9 @@ import torch
 from tilebake.utils import align, ceil_div
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
+# The unquantised formats kernels take and return: dtype -> format name, and back.
+FLOAT_FORMATS = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+FLOAT_DTYPES = {name: dtype for dtype, name in FLOAT_FORMATS.items()}
 NUM_PER_CHANNELS = (16, 32, 64, 128)
 
 

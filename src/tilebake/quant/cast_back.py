@@ -14,7 +14,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.quant._common import QuantTensor, check_aligned, check_fmt, check_rows
+from tilebake.quant._common import FLOAT_DTYPES, QuantTensor, check_aligned, check_fmt, check_rows
 from tilebake.utils import ceil_div
 
 
@@ -36,7 +36,6 @@ class CastBackVariant(Variant):
         )
 
 
-_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _IN_FMTS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1", torch.uint8: "e2m1"}
 _SF_KINDS = {torch.float32: "fp32", torch.float8_e4m3fn: "e4m3", torch.int32: "ue8m0"}
 _KEYS: dict[tuple, tuple[int, int]] = {}  # validated (fmt, x_block_size, x_special_fmt) -> (bm, bk)
@@ -46,7 +45,7 @@ def _key_of(fmt, x_block_size, x_special_fmt) -> tuple[int, int]:
     """Check the non-tensor arguments; remember the valid combination."""
     if x_special_fmt is not None:
         raise ValueError(f"x_special_fmt is reserved and must be None, got {x_special_fmt!r}")
-    check_fmt(fmt, tuple(_OUT_DTYPES))
+    check_fmt(fmt, tuple(FLOAT_DTYPES))
     try:
         block_m, block_k = (operator.index(b) for b in x_block_size)
     except (TypeError, ValueError):
@@ -135,10 +134,10 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     if not data.is_cuda:  # the slow path: the reference allocates its own (contiguous) output
         from tilebake.torch import cast_back as reference
 
-        return reference((data, sf), in_fmt, (block_m, block_k), out_dtype=_OUT_DTYPES[fmt]).contiguous()
+        return reference((data, sf), in_fmt, (block_m, block_k), out_dtype=FLOAT_DTYPES[fmt]).contiguous()
 
     # Allocate, then launch.
-    out = data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+    out = data.new_empty((num_tokens, hidden), dtype=FLOAT_DTYPES[fmt])
     if num_tokens == 0 or hidden == 0:
         return out
     data_ptr = data.data_ptr()
@@ -170,7 +169,7 @@ for _key in ("CPU", "CUDA"):
 def _meta(data, sf, fmt, bm, bk):
     num_tokens, cols = data.shape
     hidden = cols if data.dtype == torch.float8_e4m3fn else 2 * cols
-    return data.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+    return data.new_empty((num_tokens, hidden), dtype=FLOAT_DTYPES[fmt])
 
 
 _lib.impl("cast_back", _meta, "Meta")

@@ -18,8 +18,8 @@ import torch
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
+from tilebake.quant._common import FLOAT_FORMATS
 from tilebake.quant.norm_forward import (
-    _IN_DTYPES,
     check_float,
     check_like,
     check_norm_rows,
@@ -143,7 +143,7 @@ def norm_backward(
     if residual_out_grad is not None:
         args.update(ROG=residual_out_grad.data_ptr(), residual_out_grad_stride=rows_strides(residual_out_grad)[1])
     has_weight, has_rog = weight is not None, residual_out_grad is not None
-    kernel = _KERNELS[has_weight, has_rog][_IN_DTYPES[x.dtype], has_weight, has_rog]
+    kernel = _KERNELS[has_weight, has_rog][FLOAT_FORMATS[x.dtype], has_weight, has_rog]
     kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
     return x_grad, _accumulate(partials.sum(0) if weight is not None else None, weight, weight_grad)
 

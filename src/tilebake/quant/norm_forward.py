@@ -18,6 +18,7 @@ from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.quant._common import (
+    FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
     check_aligned,
@@ -59,7 +60,6 @@ class NormForwardCastVariant(Variant):
 
 # --- argument checks shared with norm_backward ---
 
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 MAX_HIDDEN = 8192
 
 
@@ -68,7 +68,7 @@ def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
     last dim contiguous, every other stride 16-byte aligned (the kernels read whole 16-byte vectors)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _IN_DTYPES:
+    if x.dtype not in FLOAT_FORMATS:
         raise TypeError(f"{name} must be bfloat16 or float32, got {x.dtype}")
     if x.dim() not in dims:
         shapes = " or ".join({2: "(num_tokens, hidden)", 3: "(batch, num_tokens, hidden)"}[d] for d in dims)
@@ -193,7 +193,7 @@ def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_ou
     if batch * num_tokens == 0:
         return
     check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
-    key = (_IN_DTYPES[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
+    key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
     x_bs, x_rs = rows_strides(x)
     o_bs, o_rs = rows_strides(out)
     args = dict(

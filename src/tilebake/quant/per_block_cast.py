@@ -17,6 +17,7 @@ from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.quant._common import (
+    FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
     check_aligned,
@@ -30,7 +31,6 @@ from tilebake.utils import ceil_div
 
 BLOCK_SIZES = (32, 128)
 _FORMATS = ("e4m3", "e2m1")
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _MODE_CAST, _MODE_SF_ONLY, _MODE_PRECOMPUTED = 0, 1, 2
 
 
@@ -65,7 +65,7 @@ def check_block_size(block_size, name: str = "block_size") -> tuple[int, int]:
 def _check_x(x) -> str:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    in_dtype = _IN_DTYPES.get(x.dtype)
+    in_dtype = FLOAT_FORMATS.get(x.dtype)
     if in_dtype is None:
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
     return in_dtype

@@ -15,12 +15,19 @@ import torch
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.quant._common import QuantTensor, check_aligned, check_fmt, check_out_sf, check_rows, check_sf_options
+from tilebake.quant._common import (
+    FLOAT_FORMATS,
+    QuantTensor,
+    check_aligned,
+    check_fmt,
+    check_out_sf,
+    check_rows,
+    check_sf_options,
+)
 from tilebake.utils import ceil_div
 
 NUM_PER_TOKENS = (32, 128)
 NUM_PER_CHANNELS_IN = (16, 32, 64, 128)  # SF blocks (1, npc) of a quantized input
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +64,7 @@ def _parse_x(x, num_per_channels):
                 f"num_per_channels must be None for a plain tensor x (it describes a QuantTensor's SF), "
                 f"got {num_per_channels!r}"
             )
-        in_dtype = _IN_DTYPES.get(x.dtype)
+        in_dtype = FLOAT_FORMATS.get(x.dtype)
         if in_dtype is None:
             raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (e4m3 data, sf)), got {x.dtype}")
         return in_dtype, x, None

@@ -17,6 +17,7 @@ from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.quant._common import (
+    FLOAT_FORMATS,
     NUM_PER_CHANNELS,
     QuantTensor,
     _explain_tensor,
@@ -64,7 +65,6 @@ class PerTokenCastVariant(Variant):
 
 
 FMTS = ("e4m3", "e2m1")
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _SF_MODES = {(False, False): "fp32", (True, False): "round", (True, True): "ue8m0"}
 # validated (dtype, fmt, npc, round_sf, packed) -> hot variant key, or None: the general path
 _KEYS: dict[tuple, Optional[tuple]] = {}
@@ -77,7 +77,7 @@ def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> Optional[tu
         if isinstance(x, (tuple, list)):
             return None
         raise TypeError(f"x must be a torch.Tensor or a QuantTensor (data, sf), got {type(x).__name__}")
-    in_dtype = _IN_DTYPES.get(x.dtype)
+    in_dtype = FLOAT_FORMATS.get(x.dtype)
     if in_dtype is None:
         raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (data, sf)), got {x.dtype}")
     check_fmt(fmt, FMTS)
@@ -290,7 +290,7 @@ def _parse_x(x, x_block_size):
                 "x_block_size must be None when x is a plain tensor (it gives the SF blocks of a "
                 f"QuantTensor input), got {x_block_size!r}"
             )
-        in_dtype = _IN_DTYPES.get(x.dtype)
+        in_dtype = FLOAT_FORMATS.get(x.dtype)
         if in_dtype is None:
             raise TypeError(f"x must be bfloat16 or float32 (or a QuantTensor (data, sf)), got {x.dtype}")
         num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)

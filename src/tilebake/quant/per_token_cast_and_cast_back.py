@@ -15,7 +15,14 @@ import torch
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.quant._common import NUM_PER_CHANNELS, check_aligned, check_fmt, check_num_per_channels, check_rows
+from tilebake.quant._common import (
+    FLOAT_FORMATS,
+    NUM_PER_CHANNELS,
+    check_aligned,
+    check_fmt,
+    check_num_per_channels,
+    check_rows,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,14 +39,13 @@ class PerTokenCastAndCastBackVariant(Variant):
         return tuple(cls(*key) for key in itertools.product(("bf16", "fp32"), ("e4m3", "e2m1"), NUM_PER_CHANNELS))
 
 
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _KEYS: dict[tuple, tuple] = {}  # validated (dtype, fmt, npc, round_sf, use_e4m3_sf) -> variant key
 
 
 def _key_of(x, fmt, num_per_channels, round_sf, use_e4m3_sf) -> tuple:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    in_dtype = _IN_DTYPES.get(x.dtype)
+    in_dtype = FLOAT_FORMATS.get(x.dtype)
     if in_dtype is None:
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
     check_fmt(fmt, ("e4m3", "e2m1"))

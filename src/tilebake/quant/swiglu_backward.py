@@ -19,6 +19,8 @@ from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.quant._common import (
+    FLOAT_DTYPES,
+    FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
     check_aligned,
@@ -61,9 +63,6 @@ class SwigluBackwardVariant(Variant):
         return tuple(plain + cast)
 
 
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
 _COMMON_ARGS = ("X", "G", "DX", "A", "WG", "W", "P", "num_experts", "use_psum", "search_steps", "alignment",
                 "num_tokens", "hidden", "x_stride", "g_stride", "has_weights", "do_recompute", "scale",
                 "clamp_value")  # fmt: skip
@@ -77,7 +76,7 @@ _CAST_KERNELS = KernelTable(
 def _check_grad(act_x_grad, x, num_tokens, hidden) -> str:
     if not isinstance(act_x_grad, torch.Tensor):
         raise TypeError(f"act_x_grad must be a torch.Tensor, got {type(act_x_grad).__name__}")
-    name = _DTYPE_NAMES.get(act_x_grad.dtype)
+    name = FLOAT_FORMATS.get(act_x_grad.dtype)
     if name is None:
         raise TypeError(f"act_x_grad must be bfloat16 or float32, got {act_x_grad.dtype}")
     if tuple(act_x_grad.shape) != (num_tokens, hidden):
@@ -167,10 +166,10 @@ def swiglu_backward(
         reduction summed in fp32 in the kernel's order; everything else is bit-equal to
         tilebake.torch.swiglu_backward rounded to the output dtypes.
     """
-    check_fmt(fmt, tuple(_OUT_DTYPES))
+    check_fmt(fmt, tuple(FLOAT_DTYPES))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _DTYPE_NAMES:
+    if x.dtype not in FLOAT_FORMATS:
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
     num_tokens, hidden = check_swiglu_input(x)
     grad_dtype = _check_grad(act_x_grad, x, num_tokens, hidden)
@@ -185,8 +184,8 @@ def swiglu_backward(
         return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
     if not x.is_cuda:
         dx, wg, act = _reference(x, act_x_grad, psum, topk_weights, scale, clamp)
-        return _results(dx.to(_OUT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
-    out_dtype = _OUT_DTYPES[fmt]
+        return _results(dx.to(FLOAT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
+    out_dtype = FLOAT_DTYPES[fmt]
     x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, out_dtype, topk_weights, do_recompute)
     if num_tokens:
         key = (grad_dtype, grad_dtype, fmt, 0, False, False)
@@ -336,7 +335,7 @@ def _meta_optional(g, topk_weights, do_recompute):
 
 
 def _meta(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
-    x_grad = g.new_empty((g.shape[0], 2 * g.shape[1]), dtype=_OUT_DTYPES[fmt])
+    x_grad = g.new_empty((g.shape[0], 2 * g.shape[1]), dtype=FLOAT_DTYPES[fmt])
     return (x_grad, *_meta_optional(g, topk_weights, do_recompute))
 
 

@@ -20,6 +20,8 @@ from tilebake import config
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.quant._common import (
+    FLOAT_DTYPES,
+    FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
     check_aligned,
@@ -55,9 +57,6 @@ class SwigluForwardVariant(Variant):
         ]
         return tuple(plain + cast)
 
-
-_IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-_OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 _COMMON_ARGS = ("X", "Y", "W", "P", "C", "num_experts", "use_psum", "search_steps", "alignment", "num_tokens", "hidden",
                 "x_stride", "y_stride", "has_weights", "count_clamps", "scale", "clamp_value")  # fmt: skip
@@ -136,7 +135,7 @@ def _check_clamped_count(clamped_count, like: torch.Tensor) -> None:
 def _check_common(x, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    in_dtype = _IN_DTYPES.get(x.dtype)
+    in_dtype = FLOAT_FORMATS.get(x.dtype)
     if in_dtype is None:
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
     num_tokens, hidden = check_swiglu_input(x)
@@ -211,7 +210,7 @@ def swiglu_forward(
         (E, H) in `fmt`. The arithmetic is fp32 in the order of tilebake.torch.swiglu_forward.
         CPU tensors take the reference path (same bytes as the reference on the CPU).
     """
-    check_fmt(fmt, tuple(_OUT_DTYPES))
+    check_fmt(fmt, tuple(FLOAT_DTYPES))
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
     )
@@ -221,8 +220,8 @@ def swiglu_forward(
         )
     if not x.is_cuda:
         y = _reference(x, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count)
-        return y.to(_OUT_DTYPES[fmt])
-    y = x.new_empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt])
+        return y.to(FLOAT_DTYPES[fmt])
+    y = x.new_empty((num_tokens, hidden), dtype=FLOAT_DTYPES[fmt])
     if num_tokens == 0:
         return y
     key = (in_dtype, fmt, 0, False, False)
@@ -324,7 +323,7 @@ for _key in ("CPU", "CUDA"):
 
 # Shape functions as Meta kernels (what torch.compile's fake tensors run).
 def _meta(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
-    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=_OUT_DTYPES[fmt])
+    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=FLOAT_DTYPES[fmt])
 
 
 def _meta_cast(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
