@@ -13,27 +13,58 @@ Quantised (numerics.md, as per_token_cast): per group of npc values of y,
 c = max(amax, clamp); plain SF = c / 448, inv = 448 / c; round_sf: SF = 2^e,
 e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e; q = e4m3(clamp(y * inv, +-448)).
 
-Thread mapping: one CTA per row, THREADS threads, each owning VEC contiguous elements per
-pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (in x's
+Thread mapping (LaunchConfig): one CTA per row, THREADS threads, each owning VEC contiguous
+elements per pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (in x's
 dtype), so x is read once; every load of the row (x and residual, all passes) is issued
 before the first use, and MIN_CTAS CTAs (rows) share an SM, so an SM has
-MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (140 KB for bf16 with
-residual at hidden 7168; before: one pass per CTA, 4 CTAs, 32 KB). A pass starting beyond
+MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (112 KB for bf16 with
+residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). A pass starting beyond
 `hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
-VEC elements are all valid or all masked (the host checks hidden % 16 == 0 and VEC == 16).
+VEC elements are all valid or all masked (the host checks hidden % 16 == 0, and VEC divides 16).
 Masked elements are 0, so they add nothing to the sum of squares or to a group's amax.
 """
 
+import dataclasses
+
 import tilelang.language as T
 
-THREADS = 128
-VEC = 16  # contiguous elements per thread per pass: 32 B (bf16) / 64 B (fp32), whole 16-byte vectors
-PASS = THREADS * VEC  # 2048 elements
-MAX_HIDDEN = 8192
-PASSES = MAX_HIDDEN // PASS
-WARPS = THREADS // 32
+from tilebake.quant.norm_forward import MAX_HIDDEN  # the host's limit on hidden
+
 FMT_MAX = 448.0
-MIN_CTAS = 5  # 95 registers, no spills; 6 spills
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int  # one CTA per row
+    vec: int  # contiguous elements per thread per pass (whole 16-byte vectors for bf16)
+    min_ctas: int  # rows resident per SM: caps the registers
+
+
+# Chosen by bench/tune.py on the H200 (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log):
+# bf16 with weight and residual at 16384 x 7168 reached 95.2% of copy bandwidth (64 registers, no
+# spills), against 86.6% for 128 threads x 16 elements x 5 CTAs (95 registers).
+DEFAULT_CONFIG = LaunchConfig(threads=256, vec=8, min_ctas=4)
+
+
+def candidate_configs():
+    """The search space `python bench/tune.py build|run DIR norm_forward` times on a GPU."""
+    return [
+        LaunchConfig(128, 16, 4),
+        LaunchConfig(128, 16, 5),
+        LaunchConfig(128, 8, 6),
+        LaunchConfig(256, 16, 2),
+        LaunchConfig(256, 16, 3),
+        LaunchConfig(256, 8, 3),
+        LaunchConfig(256, 8, 4),
+        LaunchConfig(512, 8, 1),
+        LaunchConfig(512, 8, 2),
+        LaunchConfig(512, 16, 1),
+        LaunchConfig(1024, 8, 1),
+        LaunchConfig(512, 8, 3),
+        LaunchConfig(512, 16, 2),
+        LaunchConfig(1024, 8, 2),
+    ]
+
 
 # Every access is guarded per thread-vector below; TileLang's per-element guards would
 # split each 16-byte access into scalar ones.
@@ -47,14 +78,20 @@ def row_strides(name: str):
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
 
 
-def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, quant_npc: int):
+def build_norm_forward(
+    in_dtype_name: str, has_weight: bool, has_residual: bool, quant_npc: int, cfg: LaunchConfig = DEFAULT_CONFIG
+):
     """The RMSNorm forward kernel; quant_npc == 0: plain output in x's dtype, else e4m3 + SF."""
+    THREADS, VEC, MIN_CTAS = cfg.threads, cfg.vec, cfg.min_ctas
+    PASS = THREADS * VEC
+    PASSES = -(-MAX_HIDDEN // PASS)
+    WARPS = THREADS // 32
     in_dtype = _DTYPES[in_dtype_name]
     align = 16 // (2 if in_dtype_name == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
     quant = quant_npc != 0
     if quant:
         lanes = quant_npc // VEC  # consecutive lanes sharing one SF group
-        assert lanes in (2, 8), quant_npc
+        assert 1 <= lanes <= 32 and lanes & (lanes - 1) == 0, (quant_npc, VEC)
 
     st = {name: row_strides(name) for name in ("x", "residual", "residual_out", "out", "out_bf16")}
 
@@ -256,5 +293,5 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     return norm_forward_kernel
 
 
-def build(v):
-    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, 0)
+def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
+    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, 0, cfg)
