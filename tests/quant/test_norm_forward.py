@@ -313,6 +313,49 @@ def test_cpu_empty():
     assert data.shape == (0, 256) and sf.shape == (0, 2)
 
 
+def check_torch_compile(device, backend):
+    """torch.compile(fullgraph=True) traces both ops through their torch.library schemas (no graph
+    break), with the optional outputs and preallocated buffers, and gives the eager bytes."""
+    x = make_input((37, 256), torch.bfloat16, device)
+    weight, residual = make_weight(256, torch.bfloat16, device), make_input((37, 256), torch.bfloat16, device)
+    out, residual_out = poison_(torch.empty_like(x)), poison_(torch.empty_like(x))
+
+    def forward(x, weight, residual, out, residual_out):
+        plain = tilebake.quant.norm_forward(x, weight, EPS, with_rstd=True)
+        into = tilebake.quant.norm_forward(x, weight, EPS, residual, 2.0, out, residual_out)
+        fused = tilebake.quant.norm_forward_and_per_token_cast(
+            x, weight, EPS, "e4m3", 32, residual, 0.5, True, True, True, with_out_bf16=True, with_rstd=True
+        )
+        return plain, into, fused
+
+    compiled = torch.compile(forward, fullgraph=True, backend=backend)
+    (y, rstd, norm_input), (y2, rstd2, norm_input2), fused = compiled(x, weight, residual, out, residual_out)
+    eager_plain = tilebake.quant.norm_forward(x, weight, EPS, with_rstd=True)
+    eager_into = tilebake.quant.norm_forward(x, weight, EPS, residual, 2.0)
+    assert_bytes_equal(y, eager_plain[0], "out")
+    assert_bytes_equal(rstd, eager_plain[1], "rstd")
+    assert_bytes_equal(norm_input, x, "norm_input without residual")
+    assert rstd2 is None
+    assert_bytes_equal(out, eager_into[0], "out= buffer")
+    assert_bytes_equal(residual_out, eager_into[2], "residual_out= buffer")
+    assert_bytes_equal(y2, eager_into[0], "returned out")
+    assert_bytes_equal(norm_input2, eager_into[2], "returned norm_input")
+    eager_fused = tilebake.quant.norm_forward_and_per_token_cast(
+        x, weight, EPS, "e4m3", 32, residual, 0.5, True, True, True, with_out_bf16=True, with_rstd=True
+    )
+    (data, sf), y_bf16, rstd3, norm_input3 = fused
+    assert_bytes_equal(data, eager_fused[0][0], "data")
+    assert_bytes_equal(sf, eager_fused[0][1], "sf")
+    assert sf.stride() == eager_fused[0][1].stride(), (sf.stride(), eager_fused[0][1].stride())
+    for got, want, name in zip((y_bf16, rstd3, norm_input3), eager_fused[1:], ("out_bf16", "rstd", "norm_input")):
+        assert_bytes_equal(got, want, name)
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    """The torch.library registration (schemas + Meta shapes), checked where CI runs."""
+    check_torch_compile("cpu", "aot_eager")
+
+
 # --- GPU: the kernels against the reference ---
 
 SHAPES = [(t, h) for t in (1, 127, 8001) for h in (128, 208, 2048, 4096, 7168, 8192)]
@@ -358,6 +401,11 @@ def test_gpu_norm_forward_without_rstd_and_empty():
             x, None, EPS, "e4m3", 32, residual=x, with_out_bf16=True
         )
         assert data.shape == shape and sf.shape == (*shape[:-1], 8)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    check_torch_compile("cuda", "inductor")
 
 
 @pytest.mark.gpu

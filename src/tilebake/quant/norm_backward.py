@@ -122,12 +122,20 @@ def norm_backward(
         the reference path.
     """
     out_scale = _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
+    if torch.compiler.is_compiling():
+        x_grad, dw = torch.ops.tilebake.norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+        return x_grad, _accumulate(dw if weight is not None else None, weight, weight_grad)
+    x_grad, dw = _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+    return x_grad, _accumulate(dw, weight, weight_grad)
+
+
+def _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale: float):
+    """(x_grad, fp32 weight gradient or None) of checked arguments."""
     num_tokens, hidden = x.shape
     if not x.is_cuda or num_tokens == 0:
         from tilebake.torch.norm import norm_backward_ref
 
-        x_grad, dw = norm_backward_ref(out_grad, x, weight, rstd, residual_out_grad, out_scale)
-        return x_grad, _accumulate(dw, weight, weight_grad)
+        return norm_backward_ref(out_grad, x, weight, rstd, residual_out_grad, out_scale)
 
     x_grad = torch.empty_like(x, memory_format=torch.contiguous_format)
     num_ctas = min(CTAS_PER_SM[x.dtype] * config.get_num_sms(), num_tokens)
@@ -145,7 +153,7 @@ def norm_backward(
     has_weight, has_rog = weight is not None, residual_out_grad is not None
     kernel = _KERNELS[has_weight, has_rog][FLOAT_FORMATS[x.dtype], has_weight, has_rog]
     kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
-    return x_grad, _accumulate(partials.sum(0) if weight is not None else None, weight, weight_grad)
+    return x_grad, (partials.sum(0) if weight is not None else None)
 
 
 def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
@@ -155,3 +163,31 @@ def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
     if weight_grad is None:
         return dw.to(weight.dtype)
     return weight_grad.copy_(weight_grad.float() + dw)
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace norm_backward; eager calls skip it ---
+#
+# Functional: the op returns the fp32 weight gradient (empty without weight); adding it into a
+# caller's weight_grad buffer stays in Python (traced as torch ops).
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "norm_backward(Tensor out_grad, Tensor x, Tensor? weight, Tensor rstd, Tensor? residual_out_grad,"
+    " float out_scale) -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(out_grad, x, weight, rstd, residual_out_grad, out_scale):
+    x_grad, dw = _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+    return x_grad, (dw if dw is not None else x.new_empty(0, dtype=torch.float32))
+
+
+def _meta(out_grad, x, weight, rstd, residual_out_grad, out_scale):
+    dw = x.new_empty(x.shape[-1] if weight is not None else 0, dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), dw
+
+
+# Meta kernels rather than register_fake: free at import (see per_token_cast.py).
+for _key in ("CPU", "CUDA"):
+    _lib.impl("norm_backward", _op_impl, _key)
+_lib.impl("norm_backward", _meta, "Meta")

@@ -246,6 +246,13 @@ def norm_forward(
     eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
     if out is not None:
         check_like(out, "out", x)
+    if torch.compiler.is_compiling():
+        y, rstd, norm_input = torch.ops.tilebake.norm_forward(x, weight, eps, residual, out_scale, with_rstd)
+        return (
+            _into(out, y),
+            (rstd if with_rstd else None),
+            (x if residual is None else _into(residual_out, norm_input)),
+        )
     if not x.is_cuda:
         from tilebake.torch.norm import norm_forward_ref
 
@@ -410,9 +417,21 @@ def norm_forward_and_per_token_cast(
     num_groups = hidden // num_per_channels
     mega_rows = _check_mega_moe_sf(mega_moe_sf, mega_moe_block_m, x, num_per_channels, round_sf)
     if out is not None:
+        check_like(out[0], "out[0]", x, torch.float8_e4m3fn)
+        _check_out_sf_rows(out[1], x, num_groups, use_packed_ue8m0)
+    if torch.compiler.is_compiling():
+        new_data, new_sf, y_bf16, rstd, norm_input = torch.ops.tilebake.norm_forward_and_per_token_cast(
+            x, weight, eps, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf,
+            use_packed_ue8m0, with_out_bf16, with_rstd, mega_moe_sf, mega_moe_block_m,
+        )  # fmt: skip
+        return (
+            (_into(None if out is None else out[0], new_data), _into(None if out is None else out[1], new_sf)),
+            _into(out_bf16, y_bf16) if with_out_bf16 else None,
+            rstd if with_rstd else None,
+            x if residual is None else _into(residual_out, norm_input),
+        )
+    if out is not None:
         data, sf = out
-        check_like(data, "out[0]", x, torch.float8_e4m3fn)
-        _check_out_sf_rows(sf, x, num_groups, use_packed_ue8m0)
     else:
         data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
         sf = _alloc_sf_rows(x, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
@@ -460,3 +479,72 @@ def norm_forward_and_per_token_cast(
         mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
     )  # fmt: skip
     return (data, sf), out_bf16, rstd, (x if residual is None else residual_out)
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace both ops; eager calls skip it ---
+#
+# The ops are functional: outputs a caller passes (out=, residual_out=, out_bf16=) are filled
+# by a copy after the op under torch.compile. Outputs a call does not produce (rstd without
+# with_rstd, norm_input without residual, out_bf16 without with_out_bf16) are empty tensors in
+# the schema; the Python functions return None or x for them, as in eager mode.
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "norm_forward(Tensor x, Tensor? weight, float eps, Tensor? residual, float out_scale, bool with_rstd)"
+    " -> (Tensor, Tensor, Tensor)"
+)
+_lib.define(
+    "norm_forward_and_per_token_cast(Tensor x, Tensor? weight, float eps, int num_per_channels, Tensor? residual,"
+    " float out_scale, bool col_major_sf, bool round_sf, bool packed_ue8m0, bool with_out_bf16, bool with_rstd,"
+    " Tensor(a!)? mega_moe_sf, int mega_moe_block_m) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _into(buffer: Optional[torch.Tensor], value: torch.Tensor) -> torch.Tensor:
+    return value if buffer is None else buffer.copy_(value)
+
+
+def _none_as_empty(t: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0) if t is None else t
+
+
+def _norm_forward_impl(x, weight, eps, residual, out_scale, with_rstd):
+    y, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale, with_rstd=with_rstd)
+    return y, _none_as_empty(rstd, x), (norm_input if residual is not None else x.new_empty(0))
+
+
+def _norm_forward_meta(x, weight, eps, residual, out_scale, with_rstd):
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else x.new_empty(0)
+    dense = torch.contiguous_format  # as the eager path allocates
+    norm_input = torch.empty_like(x, memory_format=dense) if residual is not None else x.new_empty(0)
+    return torch.empty_like(x, memory_format=dense), rstd, norm_input
+
+
+def _cast_impl(
+    x, weight, eps, npc, residual, out_scale, col_major, round_sf, packed, with_bf16, with_rstd, mega, mega_m
+):
+    (data, sf), y_bf16, rstd, norm_input = norm_forward_and_per_token_cast(
+        x, weight, eps, "e4m3", npc, residual, out_scale, col_major, round_sf, packed, with_bf16,
+        mega_moe_sf=mega, mega_moe_block_m=mega_m, with_rstd=with_rstd,
+    )  # fmt: skip
+    norm_input = norm_input if residual is not None else x.new_empty(0)
+    return data, sf, _none_as_empty(y_bf16, x), _none_as_empty(rstd, x), norm_input
+
+
+def _cast_meta(
+    x, weight, eps, npc, residual, out_scale, col_major, round_sf, packed, with_bf16, with_rstd, mega, mega_m
+):
+    data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+    sf = _alloc_sf_rows(x, x.shape[-1] // npc, packed, col_major)
+    y_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16) if with_bf16 else x.new_empty(0)
+    rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else x.new_empty(0)
+    norm_input = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x.new_empty(0)
+    return data, sf, y_bf16, rstd, norm_input
+
+
+# Meta kernels rather than register_fake: free at import (see per_token_cast.py).
+for _key in ("CPU", "CUDA"):
+    _lib.impl("norm_forward", _norm_forward_impl, _key)
+    _lib.impl("norm_forward_and_per_token_cast", _cast_impl, _key)
+_lib.impl("norm_forward", _norm_forward_meta, "Meta")
+_lib.impl("norm_forward_and_per_token_cast", _cast_meta, "Meta")
