@@ -181,7 +181,8 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
     and (row, col + 1), col even, share one hash (sr_random_pair_into) of their input values' fp32
     bits (the decoded data, unscaled, for a quantized input) and (row * hidden + col) / 2 mod 2^31,
     16 bits each, so equal inputs give equal bytes. e4m3: sr_float32_to_e4m3_value(q, rbits) and
-    the satfinite conversion (saturates |q| >= 448 like the clamp does, NaN -> 0x7F); e2m1:
+    the satfinite conversion (saturates |q| >= 448 like the clamp does, NaN -> 0x7F), its scaled
+    input x * (scale * 2^-120) taken in one multiply where scale >= 2^-6 (exact prescale); e2m1:
     sr_float32_to_e2m1_code (NaN and |q| >= 6 -> +-6, as e2m1_code). The
     reference is tilebake.torch.cast(..., stochastic_rounding=True).
     """
