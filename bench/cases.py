@@ -385,3 +385,44 @@ def per_token_cast_sr_case(num_tokens, hidden):
 
 
 CASES["per_token_cast"] += [per_token_cast_sr_case]
+
+
+def cast_sr_e4m3_case(num_tokens, hidden, dtype=torch.bfloat16):
+    """cast to e4m3 with stochastic rounding (bf16 or fp32 input)."""
+
+    def make():
+        return (torch.randn(num_tokens, hidden, device="cuda").to(dtype),)
+
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    return {
+        "op": "cast",
+        "variant": f"{name} -> e4m3, stochastic rounding",
+        "make": make,
+        "fn": lambda x: tilebake.quant.cast(x, torch.float8_e4m3fn, stochastic_rounding=True),
+        "ref": lambda x: tilebake.torch.stochastic_cast(x, torch.float8_e4m3fn),
+        "bytes": num_tokens * hidden * (dtype.itemsize + 1),
+    }
+
+
+def cast_sr_fp32_e4m3_case(num_tokens, hidden):
+    return cast_sr_e4m3_case(num_tokens, hidden, torch.float32)
+
+
+def per_token_cast_sr_e2m1_case(num_tokens, hidden):
+    """bf16 -> e2m1 1x16 e4m3 SF with stochastic rounding (the runtime-SF kernel)."""
+
+    def make():
+        return (torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16),)
+
+    return {
+        "op": "per_token_cast",
+        "variant": "bf16->e2m1, 1x16, e4m3 SF, stochastic rounding",
+        "make": make,
+        "fn": lambda x: tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True, stochastic_cast=True),
+        "ref": lambda x: tilebake.torch.cast(x, "e2m1", (1, 16), use_e4m3_sf=True, stochastic_rounding=True),
+        "bytes": num_tokens * hidden * 2 + num_tokens * hidden // 2 + num_tokens * (hidden // 16),
+    }
+
+
+CASES["cast"] += [cast_sr_e4m3_case, cast_sr_fp32_e4m3_case]
+CASES["per_token_cast"] += [per_token_cast_sr_e2m1_case]

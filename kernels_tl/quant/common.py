@@ -90,8 +90,8 @@ def e2m1_encode(q):
 def fmix32(h):
     """MurmurHash3's 32-bit finaliser (uint32 -> uint32): every input bit flips each output bit
     with probability close to 1/2. An expression builder: `h` appears several times in the
-    result, so pass a register, not a large expression (nesting two of these multiplies the
-    expression tree); inside kernels prefer the statement form, sr_random_bits_into."""
+    result, so pass a register, not a large expression; inside kernels prefer the statement
+    form, sr_random_pair_into."""
     h = h ^ T.shift_right(h, T.uint32(16))
     h = h * T.uint32(0x85EBCA6B)
     h = h ^ T.shift_right(h, T.uint32(13))
@@ -99,98 +99,110 @@ def fmix32(h):
     return h ^ T.shift_right(h, T.uint32(16))
 
 
-def sr_random_bits(value_bits, index):
-    """32 random bits for stochastic rounding of the element at `index` (int32, taken mod 2^32)
-    whose fp32 bit pattern is `value_bits` (uint32): fmix32(bits ^ fmix32(index * golden + c)).
-    Equal inputs give equal bits (deterministic); tilebake.torch.stochastic.sr_random_bits is the
-    reference. Expression form (large); kernels use sr_random_bits_into."""
-    k = fmix32(T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15))
-    return fmix32(value_bits ^ k)
+# Stochastic rounding (SR) draws 16 random bits per element (the precision of NVIDIA's cvt.rs):
+# one hash per PAIR of elements (flat indices 2p, 2p + 1), the even element taking the low half,
+# the odd one the high half. The hash is MurmurHash3's fmix32 with the key xored in after its
+# first xorshift: h = w ^ (w >> 16) ^ (p * SR_GOLDEN + SR_OFFSET), then fmix32's two
+# multiply-xorshift rounds, w being the pair's value word (sr_pair_word of their fp32 bit
+# patterns). Equal inputs give equal bits (deterministic, no RNG state) and the arithmetic is
+# integer-only (sm_90a and sm_100a give the same bytes). Keying after the first xorshift saves
+# the key's own shift: 9 SASS instructions per pair of bf16 values.
+SR_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio
+SR_OFFSET = 0x7F4A7C15
+
+
+def sr_pair_word(bits0, bits1):
+    """The 32-bit value word of a pair from its elements' fp32 bit patterns (uint32):
+    rotr(bits0, 16) ^ bits1. For widened bf16 values this is the packed pair (bf16 0 in the low
+    half, bf16 1 in the high half), i.e. the loaded 32-bit word itself."""
+    return (T.shift_right(bits0, T.uint32(16)) | T.shift_left(bits0, T.uint32(16))) ^ bits1
+
+
+@T.macro
+def sr_random_pair_into(h, word, pair_index):
+    """h[0] (a T.alloc_local((1,), "uint32") register) = the random bits of elements 2p
+    (h & 0xFFFF) and 2p + 1 (h >> 16), p = pair_index mod 2^32: word ^ (word >> 16) ^
+    (p * SR_GOLDEN + SR_OFFSET), then x *= 0x85EBCA6B, x ^= x >> 13, x *= 0xC2B2AE35,
+    x ^= x >> 16. One step per statement (no expression blow-up);
+    tilebake.torch.stochastic.sr_random_bits is the reference."""
+    h[0] = T.cast(pair_index, "uint32") * T.uint32(SR_GOLDEN) + T.uint32(SR_OFFSET)
+    h[0] = h[0] ^ word ^ T.shift_right(word, T.uint32(16))
+    h[0] = h[0] * T.uint32(0x85EBCA6B)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
+    h[0] = h[0] * T.uint32(0xC2B2AE35)
+    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+
+
+def _f32(bits: int):
+    """An fp32 constant from its bits: every code generator then holds it exactly (TVM's C
+    target prints float literals to 7 digits)."""
+    return T.reinterpret(T.uint32(bits), "float32")
 
 
 def sr_float32_to_bfloat16_bits(x, rbits):
     """Stochastic rounding fp32 -> bf16, as the bf16 bit pattern (uint32, low 16 bits).
 
-    Adds the top 16 random bits to the 16 bits bf16 drops, then truncates: rounds away from
-    zero with probability (dropped bits) / 2^16, exactly the distance to the lower neighbour over
-    the gap. Overflow past the largest finite bf16 gives inf (the next value up); NaN keeps its
-    sign and top payload bits, made quiet."""
+    Adds the 16 random bits (the low half of `rbits`) to the 16 bits bf16 drops, then truncates:
+    rounds away from zero with probability (dropped bits) / 2^16, exactly the distance to the
+    lower neighbour over the gap. Overflow past the largest finite bf16 gives inf (the next value
+    up); NaN keeps its sign and top payload bits, made quiet."""
     bits = T.reinterpret(x, "uint32")
     is_nan = (bits & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000)
-    rounded = T.shift_right(bits + T.shift_right(rbits, T.uint32(16)), T.uint32(16))
+    rounded = T.shift_right(bits + (rbits & T.uint32(0xFFFF)), T.uint32(16))
     return T.if_then_else(is_nan, T.shift_right(bits, T.uint32(16)) | T.uint32(0x40), rounded)
 
 
-def sr_float32_to_e4m3_bits(x, rbits):
-    """Stochastic rounding fp32 -> float8_e4m3fn, as the e4m3 byte (uint32, low 8 bits).
-
-    |x| = sig * 2^(E - 23) with a 24-bit significand; e4m3 keeps 3 fraction bits down to E = -6
-    (then a fixed step of 2^-9), so d = 20 + max(-6 - E, 0) low bits of sig are dropped. The
-    result rounds up with probability rem / 2^d (rem = the dropped bits), decided exactly by
-    comparing rem with the top d random bits (d <= 32); for d > 32 (|x| < 2^-18) rem is first
-    truncated to 32 bits. Codes: (max(E, -6) + 6) * 8 + (sig >> d) + up, where a carry into the
-    next binade is just the next code. |x| >= 448 (inf too) saturates to +-448, like the quant
-    kernels' clamp and the satfinite conversion; NaN -> 0x7F with the sign of x."""
-    bits = T.reinterpret(x, "uint32")
-    sign = T.shift_right(bits, T.uint32(24)) & T.uint32(0x80)
-    a = bits & T.uint32(0x7FFFFFFF)
-    ef = T.cast(T.shift_right(a, T.uint32(23)), "int32")
-    e = T.max(ef, 1) - 127  # fp32 denormals share the exponent of the smallest normal
-    sig = (a & T.uint32(0x7FFFFF)) | T.if_then_else(ef > 0, T.uint32(0x800000), T.uint32(0))
-    d = 20 + T.max(-6 - e, 0)
-    du = T.cast(T.min(d, 32), "uint32")
-    kept = T.if_then_else(d < 32, T.shift_right(sig, T.min(du, T.uint32(31))), T.uint32(0))
-    rem = T.if_then_else(
-        d < 32,
-        sig & (T.shift_left(T.uint32(1), T.min(du, T.uint32(31))) - T.uint32(1)),
-        T.if_then_else(d - 32 < 24, T.shift_right(sig, T.cast(T.min(T.max(d - 32, 0), 31), "uint32")), T.uint32(0)),
-    )
-    threshold = T.if_then_else(d < 32, T.shift_right(rbits, T.uint32(32) - T.min(du, T.uint32(31))), rbits)
-    up = T.if_then_else(threshold < rem, T.uint32(1), T.uint32(0))
-    code = T.cast((T.max(e, -6) + 6) * 8, "uint32") + kept + up
-    code = T.if_then_else(
-        a > T.uint32(0x7F800000), T.uint32(0x7F), T.if_then_else(a >= T.uint32(0x43E00000), T.uint32(0x7E), code)
-    )
-    return code | sign
+SR_E4M3_PRESCALE_MIN = 2.0**-6  # scales from here up stay exact (normal) times 2^-120
 
 
-@T.macro
-def sr_random_bits_into(h, value_bits, index):
-    """Statement form of sr_random_bits: writes the 32 random bits into h[0], a
-    T.alloc_local((1,), "uint32") register, one step per statement (no expression blow-up)."""
-    h[0] = T.cast(index, "uint32") * T.uint32(0x9E3779B9) + T.uint32(0x7F4A7C15)
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
-    h[0] = h[0] * T.uint32(0x85EBCA6B)
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
-    h[0] = h[0] * T.uint32(0xC2B2AE35)
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
-    h[0] = h[0] ^ value_bits
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
-    h[0] = h[0] * T.uint32(0x85EBCA6B)
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))
-    h[0] = h[0] * T.uint32(0xC2B2AE35)
-    h[0] = h[0] ^ T.shift_right(h[0], T.uint32(16))
+def sr_e4m3_prescale(scale):
+    """scale * 2^-120: exact (a normal fp32) when scale >= SR_E4M3_PRESCALE_MIN, and then
+    x * sr_e4m3_prescale(scale) is the pre-scaled input of sr_scaled_to_e4m3_value in one
+    multiply (below, multiply by scale and pass to sr_float32_to_e4m3_value)."""
+    return scale * _f32(0x03800000)
+
+
+def sr_scaled_to_e4m3_value(t, rbits):
+    """sr_float32_to_e4m3_value of x given t = x * 2^-120 (already scaled; see there)."""
+    b = T.min(T.reinterpret(t, "int32"), T.int32(0x7FF00000))
+    noise = T.shift_left(rbits & T.uint32(0xFFFF), T.uint32(4))
+    r = (T.cast(b, "uint32") + noise) & T.uint32(0xFFF00000)
+    return T.reinterpret(r, "float32") * _f32(0x7B800000)
+
+
+def sr_float32_to_e4m3_value(x, rbits):
+    """Stochastic rounding fp32 -> float8_e4m3fn, as the fp32 value whose (saturating, RNE)
+    hardware conversion to e4m3 is the result: cast it with T.cast(..., "float8_e4m3fn") (the
+    vectorized cast becomes cvt.rn.satfinite.e4m3x2.f32, two values per instruction).
+
+    t = x * 2^-120 maps e4m3's smallest normal 2^-6 onto fp32's 2^-126, so e4m3's subnormal
+    step 2^-9 becomes fp32's subnormal bit 20 and every e4m3 code keeps exactly the top 12 bits
+    of t's pattern (sign, 8 exponent bits, 3 fraction bits; t's pattern >> 20 is the code). SR:
+    add the 16 random bits (low half of `rbits`) at bits 4..19 of t's pattern, drop the low 20
+    bits, scale back by 2^120 (exact). It rounds up (away from zero) iff the carry reaches bit
+    20, with probability floor(dropped / 2^4) / 2^16 (dropped = t's low 20 bits): the distance to
+    the lower neighbour over the gap, truncated to 16 bits. Representable values never move;
+    values past 448 land on 480 or beyond (or inf), which the satfinite conversion saturates to
+    +-448. NaN: the signed min keeps a NaN pattern below 0x7FF00000 so the add cannot carry into
+    the sign (the GPU's NaN is 0x7FFFFFFF); the conversion makes it 0x7F.
+    tilebake.torch.stochastic.sr_float32_to_e4m3_value is the reference."""
+    return sr_scaled_to_e4m3_value(x * _f32(0x03800000), rbits)
 
 
 def sr_float32_to_e2m1_code(q, rbits):
     """Stochastic rounding fp32 -> e2m1 code (int32 0..15, bit 3 = q's sign bit).
 
-    m = |q| (NaN and values >= 6, inf too, become 6, as e2m1_code does). m lies between two
-    neighbouring magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 that are a gap g = .5 / 1 / 2 apart;
-    t = m / g is exact (a power-of-two scaling), floor(t) gives the lower code and
-    f = t - floor(t) in [0, 1) the distance to it over the gap (exact: Sterbenz). Round up iff
-    rbits < trunc(f * 2^32) (exact integer compare; f * 2^32 < 2^32 is exact), i.e. with
-    probability f up to 2^-32, so E[value] = m. m = 6 gives f = 0: saturates at code 7.
-    Pass `q` as a register (it appears several times in the expression);
-    tilebake.torch.stochastic.sr_float32_to_e2m1_codes is the reference."""
+    m = |q| with NaN and values >= 6 (inf too) mapped to 6, as e2m1_code does. t = m * 2^-126
+    maps e2m1's smallest normal 1 onto fp32's 2^-126, so its subnormal step 0.5 becomes fp32's
+    subnormal bit 22 and t's pattern >> 22 is the magnitude code (6 -> 7). SR: add the 16 random
+    bits (low half of `rbits`) at bits 6..21, then shift: rounds up with probability
+    floor(dropped / 2^6) / 2^16 (dropped = t's low 22 bits), the distance to the lower neighbour
+    over the gap truncated to 16 bits; 6 is exact, so the code never passes 7. Pass `q` as a
+    register (it appears twice); tilebake.torch.stochastic.sr_float32_to_e2m1_codes is the
+    reference."""
     a = T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32")
-    m = T.if_then_else(a < T.float32(6), a, T.float32(6))
-    t = T.if_then_else(m < T.float32(2), m * T.float32(2), T.if_then_else(m < T.float32(4), m, m * T.float32(0.5)))
-    base = T.if_then_else(m < T.float32(2), 0, T.if_then_else(m < T.float32(4), 2, 4))
-    fl = T.floor(t)
-    # 2^32 from its bits: every code generator then holds it exactly (TVM's C target prints a
-    # float literal to 7 digits, 4.294967e+09f, which is 2^32 - 256).
-    below = T.cast((t - fl) * T.reinterpret(T.uint32(0x4F800000), "float32"), "uint32")
-    up = T.if_then_else(rbits < below, 1, 0)
-    sign = T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8), "int32")
-    return (T.cast(fl, "int32") + base + up) | sign
+    # CUDA's fminf returns the non-NaN operand: NaN -> 6 (one FMNMX; the C target's min agrees).
+    t = T.reinterpret(T.min(a, T.float32(6)) * _f32(0x00800000), "uint32")
+    mag = T.shift_right(t + T.shift_left(rbits & T.uint32(0xFFFF), T.uint32(6)), T.uint32(22))
+    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8)
+    return T.cast(mag | sign, "int32")

@@ -19,12 +19,16 @@ import dataclasses
 import tilelang.language as T
 
 from kernels_tl.quant.common import (
+    SR_E4M3_PRESCALE_MIN,
     e2m1_code,
     e2m1_value,
     per_token_sf_buffer,
+    sr_e4m3_prescale,
     sr_float32_to_e2m1_code,
-    sr_float32_to_e4m3_bits,
-    sr_random_bits_into,
+    sr_float32_to_e4m3_value,
+    sr_pair_word,
+    sr_random_pair_into,
+    sr_scaled_to_e4m3_value,
 )
 from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf_kind, shared with the host
     SF_E4M3,
@@ -173,11 +177,13 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
     elements), as bytes [token, group or word, byte] (strides in bytes) and as e4m3.
 
     Stochastic rounding (SR): the SF and q (x * inv, or data * (x_sf * inv) for a quantized
-    input) are exactly those of round-to-nearest; only q's rounding differs. Element (row, col)
-    takes the random bits sr_random_bits(fp32 bits of its input value (the decoded data, unscaled,
-    for a quantized input), row * hidden + col mod 2^32), so equal inputs give equal bytes.
-    e4m3: sr_float32_to_e4m3_bits(q, rbits), which saturates |q| >= 448 like the clamp does and
-    keeps NaN NaN; e2m1: sr_float32_to_e2m1_code (NaN and |q| >= 6 -> +-6, as e2m1_code). The
+    input) are exactly those of round-to-nearest; only q's rounding differs. Elements (row, col)
+    and (row, col + 1), col even, share one hash (sr_random_pair_into) of their input values' fp32
+    bits (the decoded data, unscaled, for a quantized input) and (row * hidden + col) / 2 mod 2^31,
+    16 bits each, so equal inputs give equal bytes. e4m3: sr_float32_to_e4m3_value(q, rbits) and
+    the satfinite conversion (saturates |q| >= 448 like the clamp does, NaN -> 0x7F), its scaled
+    input x * (scale * 2^-120) taken in one multiply where scale >= 2^-6 (exact prescale); e2m1:
+    sr_float32_to_e2m1_code (NaN and |q| >= 6 -> +-6, as e2m1_code). The
     reference is tilebake.torch.cast(..., stochastic_rounding=True).
     """
     quantized = v.in_dtype in ("e4m3", "e2m1")
@@ -308,22 +314,45 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                     scale = T.alloc_var("float32")
                     scale = x_sf * inv if quantized else inv
                     if stochastic != 0:
-                        for j in T.unroll(vec):
-                            qs[j] = xf[j] * scale
-                            sr_random_bits_into(
-                                h,
-                                T.reinterpret(xf[j], "uint32"),
-                                T.cast(row, "uint32") * T.cast(hidden, "uint32") + T.cast(col + j, "uint32"),
-                            )
-                            if v.fmt == "e2m1":
-                                codes[j] = sr_float32_to_e2m1_code(qs[j], h[0])
-                            else:
-                                ys[j] = T.reinterpret(
-                                    T.cast(sr_float32_to_e4m3_bits(qs[j], h[0]), "uint8"), "float8_e4m3fn"
-                                )
+                        # One hash per pair of elements (flat indices 2p, 2p + 1), 16 random bits each:
+                        # p = (row * H + col) / 2 mod 2^31 + jp (col and H are multiples of 16, so no
+                        # pair straddles a row and the halving commutes with the 2^32 wrap).
+                        pair0 = T.alloc_var("uint32")
+                        pair0 = T.cast(row, "uint32") * T.cast(hidden, "uint32") + T.cast(col, "uint32")
+                        pair0 = T.shift_right(pair0, T.uint32(1))
+                        if v.fmt == "e2m1":
+                            for jp in T.unroll(vec // 2):
+                                j0, j1 = 2 * jp, 2 * jp + 1
+                                word = sr_pair_word(T.reinterpret(xf[j0], "uint32"), T.reinterpret(xf[j1], "uint32"))
+                                sr_random_pair_into(h, word, pair0 + T.uint32(jp))
+                                qs[j0] = xf[j0] * scale
+                                qs[j1] = xf[j1] * scale
+                                codes[j0] = sr_float32_to_e2m1_code(qs[j0], h[0])
+                                codes[j1] = sr_float32_to_e2m1_code(qs[j1], T.shift_right(h[0], T.uint32(16)))
+                        elif scale >= T.float32(SR_E4M3_PRESCALE_MIN):
+                            # x * (scale * 2^-120) in one multiply (the prescale is exact here).
+                            s120 = T.alloc_var("float32")
+                            s120 = sr_e4m3_prescale(scale)
+                            for jp in T.unroll(vec // 2):
+                                j0, j1 = 2 * jp, 2 * jp + 1
+                                word = sr_pair_word(T.reinterpret(xf[j0], "uint32"), T.reinterpret(xf[j1], "uint32"))
+                                sr_random_pair_into(h, word, pair0 + T.uint32(jp))
+                                qs[j0] = sr_scaled_to_e4m3_value(xf[j0] * s120, h[0])
+                                qs[j1] = sr_scaled_to_e4m3_value(xf[j1] * s120, T.shift_right(h[0], T.uint32(16)))
+                        else:
+                            for jp in T.unroll(vec // 2):
+                                j0, j1 = 2 * jp, 2 * jp + 1
+                                word = sr_pair_word(T.reinterpret(xf[j0], "uint32"), T.reinterpret(xf[j1], "uint32"))
+                                sr_random_pair_into(h, word, pair0 + T.uint32(jp))
+                                qs[j0] = sr_float32_to_e4m3_value(xf[j0] * scale, h[0])
+                                qs[j1] = sr_float32_to_e4m3_value(xf[j1] * scale, T.shift_right(h[0], T.uint32(16)))
                         if v.fmt == "e2m1":
                             for j in T.unroll(out_vec):
                                 ys[j] = T.cast(codes[2 * j] | T.shift_left(codes[2 * j + 1], 4), "uint8")
+                        else:
+                            # The values are representable (or saturate): the satfinite conversion is exact.
+                            for j in T.vectorized(vec):
+                                ys[j] = T.cast(qs[j], "float8_e4m3fn")
                     elif v.fmt == "e2m1":
                         for j in T.unroll(out_vec):
                             ys[j] = T.cast(

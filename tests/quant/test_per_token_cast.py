@@ -838,6 +838,32 @@ def test_gpu_sr_quantized_input(in_fmt, x_sf, out_fmt):
         check_sr(q, out_fmt, npc, "plain", x_block_size=x_block, may_equal_rne=exact)
 
 
+def wide_range_input(num_tokens, hidden, dtype, device):
+    """Values spread over ~35 binades inside each row (many quantise into the formats' subnormal
+    range), rows scaled by up to 2^24: e4m3 scales below 2^-6 (the kernel's two-multiply SR
+    path, amax > 448 * 2^6) next to rows in range (its one-multiply path)."""
+    g = torch.Generator(device="cpu").manual_seed(num_tokens * 7 + hidden)
+    x = torch.randn(num_tokens, hidden, generator=g) * torch.exp2(
+        torch.randint(-30, 6, (num_tokens, hidden), generator=g).float()
+    )
+    x = x * torch.exp2(torch.randint(-4, 25, (num_tokens, 1), generator=g).float())
+    return x.to(dtype).to(device)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_cpu_sr_wide_range(fmt):
+    for sf_option in ("plain", "round", "e4m3sf"):
+        check_sr(wide_range_input(64, 256, torch.float32, "cpu"), fmt, 128 if fmt == "e4m3" else 16, sf_option)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_sr_wide_range(dtype, fmt):
+    for sf_option in ("plain", "round", "e4m3sf"):
+        check_sr(wide_range_input(257, 2048, dtype, "cuda"), fmt, 128 if fmt == "e4m3" else 16, sf_option)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 def test_gpu_sr_nan_inf_and_empty(fmt):

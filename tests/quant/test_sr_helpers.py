@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from tilebake.torch.cast import e2m1_decode, e2m1_encode, ue8m0_to_fp32
-from tilebake.torch.stochastic import _fp32_bits, sr_float32_to_bfloat16_bits, sr_float32_to_e4m3_bits
+from tilebake.torch.stochastic import (
+    _fp32_bits,
+    sr_float32_to_bfloat16_bits,
+    sr_float32_to_e4m3_bits,
+    sr_float32_to_e4m3_value,
+    sr_random_bits,
+)
 
 tilelang = pytest.importorskip("tilelang")
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -27,7 +33,7 @@ def helpers_lib(tmp_path_factory):
 
     from kernels_tl.quant.common import e2m1_decode_float32, e2m1_encode, ue8m0_to_float32
     from kernels_tl.quant.common import sr_float32_to_bfloat16_bits as e_bf16
-    from kernels_tl.quant.common import sr_float32_to_e4m3_bits as e_e4m3
+    from kernels_tl.quant.common import sr_float32_to_e4m3_value as e_e4m3
 
     n = T.dynamic("n")
 
@@ -35,7 +41,7 @@ def helpers_lib(tmp_path_factory):
     def sr(
         X: T.Tensor((n,), "float32"),
         R: T.Tensor((n,), "uint32"),
-        Y: T.Tensor((n,), "uint32"),
+        Y: T.Tensor((n,), "float32"),
         Z: T.Tensor((n,), "uint32"),
         C: T.Tensor((n,), "int32"),
         D: T.Tensor((n,), "float32"),
@@ -73,8 +79,8 @@ def helpers_lib(tmp_path_factory):
 
 def run(lib, x, r):
     n = x.numel()
-    y, z, c = (torch.zeros(n, dtype=torch.int32) for _ in range(3))
-    d, u = torch.zeros(n), torch.zeros(n)
+    z, c = (torch.zeros(n, dtype=torch.int32) for _ in range(2))
+    y, d, u = torch.zeros(n), torch.zeros(n), torch.zeros(n)
     r32 = r.to(torch.int64).bitwise_and(0xFFFFFFFF).to(torch.int32)  # same bits as the uint32
     x = x.contiguous()
     lib.sr(
@@ -87,7 +93,7 @@ def run(lib, x, r):
         ctypes.c_void_p(u.data_ptr()),
         ctypes.c_int32(n),
     )
-    return y.to(torch.int64) & 0xFFFFFFFF, z.to(torch.int64) & 0xFFFFFFFF, c, d, u
+    return y, z.to(torch.int64) & 0xFFFFFFFF, c, d, u
 
 
 def test_helpers_match_reference(helpers_lib):
@@ -97,13 +103,22 @@ def test_helpers_match_reference(helpers_lib):
                 2.0**-18, 2.0**-9, 3 * 2.0**-10, 3.3895313892515355e38, -3.39e38]  # fmt: skip
     x[: len(specials)] = torch.tensor(specials)
     r = torch.randint(0, 2**32, (n,), dtype=torch.int64)
-    r[: 2 * len(specials) : 2] = 0xFFFFFFFF  # extremes of the random bits too
+    r[: 2 * len(specials) : 2] = 0xFFFFFFFF  # extremes of the random bits too (the low 16 are used)
     r[1 : 2 * len(specials) : 2] = 0
+    r[2 * len(specials) : 4 * len(specials)] = 0xFFFF
     y, z, c, d, u = run(helpers_lib, x, r)
-    want_y = sr_float32_to_e4m3_bits(x, r)
-    want_z = sr_float32_to_bfloat16_bits(x, r)
-    bad = (y != want_y).nonzero()
+    # e4m3: the helper's fp32 value (what the kernels convert with satfinite) bit for bit, NaN as NaN.
+    want_y = sr_float32_to_e4m3_value(x, r)
+    nan = torch.isnan(x)
+    assert torch.isnan(y[nan]).all() and not torch.isnan(y[~nan]).any()
+    bad = (y.view(torch.int32) != want_y.view(torch.int32)).logical_and(~nan).nonzero()
     assert bad.numel() == 0, f"e4m3: {bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {y[bad[:3, 0]].tolist()}"
+    # ... and the reference's code is that value's satfinite e4m3 conversion (torch's own
+    # conversion, after the clamp it lacks; NaN -> 0x7F).
+    codes = sr_float32_to_e4m3_bits(x, r)
+    sat = want_y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
+    assert torch.equal(codes[~nan], sat[~nan]) and (codes[nan] == 0x7F).all()
+    want_z = sr_float32_to_bfloat16_bits(x, r)
     bad = (z != want_z).nonzero()
     assert bad.numel() == 0, f"bf16: {bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {z[bad[:3, 0]].tolist()}"
     assert (_fp32_bits(x) >= 0).all()
@@ -172,3 +187,56 @@ def test_sr_e2m1_helper_matches_reference(e2m1_sr_lib):
     want = sr_float32_to_e2m1_codes(x, r)
     bad = (c.to(torch.int64) != want).nonzero()
     assert bad.numel() == 0, f"{bad.numel()} differ, e.g. x={x[bad[:3, 0]].tolist()} got {c[bad[:3, 0]].tolist()}"
+
+
+def test_pair_hash_matches_reference(tmp_path):
+    """sr_pair_word + sr_random_pair_into (the kernels' hash of a pair of elements) through the C
+    target against tilebake.torch.stochastic.sr_random_bits, which splits it into 16 bits each."""
+    if CC is None:
+        pytest.skip("no C compiler")
+    import tilelang.language as T
+    from tilelang import tvm
+
+    from kernels_tl.quant.common import sr_pair_word, sr_random_pair_into
+
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def pair_hash(V: T.Tensor((n, 2), "uint32"), P: T.Tensor((n,), "uint32"), H: T.Tensor((n,), "uint32")):
+        h = T.alloc_buffer((1,), "uint32", scope="local")
+        for i in T.serial(n):
+            sr_random_pair_into(h, sr_pair_word(V[i, 0], V[i, 1]), P[i])
+            H[i] = h[0]
+
+    source = tvm.compile(pair_hash, target="c").mod.inspect_source()
+    start = source.index("for (int32_t i = 0; i < n; ++i) {")
+    depth, end = 0, start
+    for end in range(start, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[end], 0)
+        if depth == 0 and source[end] == "}":
+            break
+    (tmp_path / "h.c").write_text(
+        "#include <stdint.h>\nvoid pair_hash(void* V, void* P, void* H, int32_t n) {\n  uint32_t h[1];\n"
+        + source[start : end + 1]
+        + "\n}\n"
+    )
+    subprocess.run([CC, "-O1", "-fPIC", "-shared", "-o", str(tmp_path / "h.so"), str(tmp_path / "h.c")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "h.so"))
+    npairs = 1 << 14
+    x = torch.randn(2 * npairs) * torch.exp2(torch.randint(-30, 30, (2 * npairs,)).float())
+    x[: 2 * npairs // 4] = x[: 2 * npairs // 4].bfloat16().float()  # widened bf16 values too
+    bits = _fp32_bits(x)
+    index = torch.arange(2 * npairs, dtype=torch.int64) + (1 << 32) - 4096  # across the 2^32 wrap
+    v32 = bits.to(torch.int32).contiguous()  # same bits as the uint32
+    p32 = ((index[0::2] & 0xFFFFFFFF) >> 1).to(torch.int32).contiguous()
+    out = torch.zeros(npairs, dtype=torch.int32)
+    lib.pair_hash(
+        ctypes.c_void_p(v32.data_ptr()),
+        ctypes.c_void_p(p32.data_ptr()),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int32(npairs),
+    )
+    h = out.to(torch.int64) & 0xFFFFFFFF
+    want = sr_random_bits(bits, index)
+    assert torch.equal(h & 0xFFFF, want[0::2]) and torch.equal(h >> 16, want[1::2])
+    assert (want >= 0).all() and (want <= 0xFFFF).all()

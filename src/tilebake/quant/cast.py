@@ -3,7 +3,8 @@
 Round-to-nearest pairs among fp32 / bf16 / e4m3 use torch's own `.to` (a kernel would bring
 nothing). Stochastic rounding (SR) pairs fp32 -> bf16, fp32 -> e4m3, bf16 -> e4m3 launch
 kernels_tl/quant/cast.py; the reference (and the CPU path) is tilebake.torch.stochastic_cast.
-SR is deterministic: its random bits hash each input's bits with its flat index.
+SR is deterministic: 16 random bits per element from one hash per pair of consecutive inputs (their
+bits and the pair's flat index), see tilebake.torch.stochastic.
 """
 
 from __future__ import annotations

@@ -135,9 +135,10 @@ def per_token_cast(
             (e4m3 or e2m1 output, plain or quantized input; not on the hot path): each value
             goes to one of its two neighbouring codes, up with probability equal to its distance
             from the lower one over the gap, so the dequantised result is unbiased. The SF are
-            exactly those of stochastic_cast=False. The random bits are a hash of the element's
-            input value (fp32 bits; the decoded data for a QuantTensor) and its index
-            row * H + col, so equal inputs give equal outputs (no RNG state). Reference:
+            exactly those of stochastic_cast=False. The 16 random bits per element are a hash of
+            the input values (fp32 bits; the decoded data for a QuantTensor) of its pair of flat
+            indices row * H + col (2p, 2p + 1) and p, so equal inputs give equal outputs (no RNG
+            state); the rounding probability is resolved to 2^-16. Reference:
             tilebake.torch.cast(..., stochastic_rounding=True).
         out: optional preallocated (data, sf) with the returned layout.
 

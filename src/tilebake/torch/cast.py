@@ -451,9 +451,10 @@ def cast(
             to one of its two neighbouring codes, up with probability equal to its distance from
             the lower one over the gap (unbiased), instead of to nearest even: e4m3 through
             ``sr_float32_to_e4m3_bits`` (which saturates at +-448 like the clamp), e2m1 through
-            ``sr_float32_to_e2m1_codes`` (tilebake.torch.stochastic). The random bits of element
-            ``(t, h)`` are ``sr_random_bits(fp32 bits of its input value, t * H + h)`` (mod 2^32),
-            the input value being the stored data decoded to fp32 (unscaled) for a QuantTensor:
+            ``sr_float32_to_e2m1_codes`` (tilebake.torch.stochastic). The 16 random bits of
+            element ``(t, h)`` are ``sr_random_bits`` of the fp32 bits of the input values at the
+            flat indices ``t * H + h`` (one hash per pair of flat indices 2p, 2p + 1), the input
+            value being the stored data decoded to fp32 (unscaled) for a QuantTensor:
             deterministic, and bit-exact with per_token_cast(..., stochastic_cast=True).
 
     Returns:
@@ -482,27 +483,32 @@ def cast(
     stored, inv = compute_sf_and_inv(c, fmt, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf)
     inv_full = _expand_blocks(inv, bm, bk, T, H)
     if src.quantized and bk != 1:
-        q = src.data * (src.sf * inv_full)  # scales multiplied first
+        x_values, scale = src.data, src.sf * inv_full  # scales multiplied first
     else:
-        q = src.x * inv_full
+        x_values, scale = src.x, inv_full
+    q = x_values * scale
     if stochastic_rounding:
-        data = _encode_data_stochastic(q, fmt, src.data if src.quantized else src.x)
+        seed_values = src.data if src.quantized else src.x
+        data = _encode_data_stochastic(q, fmt, seed_values, x_values, scale)
     else:
         data = _encode_data(q, fmt)
     sf = _layout_sf(stored, bk, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     return data, sf
 
 
-def _encode_data_stochastic(q: torch.Tensor, fmt: str, seed_values: torch.Tensor) -> torch.Tensor:
-    """SR encoding of ``q`` (T, H); the hash of element (t, h) takes the fp32 bits of
-    ``seed_values[t, h]`` and the flat index t * H + h."""
+def _encode_data_stochastic(
+    q: torch.Tensor, fmt: str, seed_values: torch.Tensor, x_values: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """SR encoding of ``q = x_values * scale`` (T, H); the random bits of element (t, h) come from
+    the fp32 bits of ``seed_values`` at flat indices 2p, 2p + 1 (the pair holding t * H + h) and
+    p. e4m3 takes x_values and scale (its scaled domain may be reached in one multiply)."""
     T, H = q.shape
     index = torch.arange(T * H, dtype=torch.int64, device=q.device).reshape(T, H)
     rbits = sr_random_bits(_fp32_bits(seed_values), index)
-    q = q.float().contiguous()
     if fmt == "e4m3":
-        return sr_float32_to_e4m3_bits(q, rbits).to(torch.uint8).view(_E4M3).reshape(T, H)
-    return pack_e2m1(sr_float32_to_e2m1_codes(q, rbits).reshape(T, H))
+        codes = sr_float32_to_e4m3_bits(x_values.float(), rbits, scale.float())
+        return codes.to(torch.uint8).view(_E4M3).reshape(T, H)
+    return pack_e2m1(sr_float32_to_e2m1_codes(q.float().contiguous(), rbits).reshape(T, H))
 
 
 def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int], sf: torch.Tensor) -> torch.Tensor:
