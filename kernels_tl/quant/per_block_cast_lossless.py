@@ -26,18 +26,48 @@ and casts an element would take (the clamp to +-448 is what the saturating cast 
 finite product); an inf/NaN factor takes the element-wise path. Same bytes as the reference.
 """
 
+import dataclasses
+
 import tilelang.language as T
 
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
 
-THREADS = 128
-LANES = 8  # threads of a row
-WORDS = 2  # uint32 words of codes a thread loads per row (8 bytes, 16 codes)
-ROWS_PER_THREAD = 8
-ROWS_PER_PASS = 32 // LANES  # 4 rows a warp instruction
-ROWS_PER_WARP = 32
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    lanes: int = 8  # threads of a row: 8 -> 16 columns (an 8-byte load) a thread, 4 -> 32 (16 bytes)
+    rows_per_thread: int = 8  # independent loads in flight a thread
+    sm_threads: int = 1024  # threads an SM the register cap allows (1024: 64 registers, 2048: 32)
+
+
+# 16-byte loads, 4 rows a thread (64.1% of copy in a first H200 run, against 56.3% for 8-byte
+# loads in 8 rows): bench/results/2026-11-30-NVIDIA-H200/perf/.
+DEFAULT_CONFIG = LaunchConfig(lanes=4, rows_per_thread=4, sm_threads=1024)
+
+
+def candidate_configs():
+    """The search space `python bench/tune.py build|run DIR per_block_cast_lossless` times (bm 128)."""
+    return [
+        LaunchConfig(lanes, rpt, t)
+        for lanes, rpt, t in (
+            (4, 4, 1024),
+            (8, 8, 1024),
+            (4, 4, 768),
+            (8, 8, 768),
+            (4, 2, 1024),
+            (4, 2, 1536),
+            (4, 2, 2048),
+            (8, 4, 1024),
+            (8, 4, 1536),
+            (8, 2, 2048),
+            (4, 8, 768),
+            (4, 8, 1024),
+        )
+    ]
+
+
 ROWS_PER_CTA = 128
-WORDS_PER_CTA = LANES * WORDS  # 16 words of codes = 128 columns
+WORDS_PER_CTA = 16  # words of codes = 128 columns
 MAX_SCALE_RATIO = 2048.0
 MIN_BLOCK_MAX = 2.0**-120
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -95,9 +125,19 @@ def byte_perm(x, y, selector):
     return T.call_extern("uint32", "__byte_perm", x, y, selector)
 
 
-def build(v: PerBlockCastLosslessVariant):
+def build(v: PerBlockCastLosslessVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     bm, bk = v.block_m, v.block_k
     assert bm in (32, 128) and bk in (32, 128), v
+    LANES = cfg.lanes
+    ROWS_PER_THREAD = cfg.rows_per_thread
+    COLS = 128 // LANES  # columns a thread (16 or 32)
+    WORDS = COLS // 8  # words of codes a thread loads a row
+    HALVES = COLS // 16  # 16-column pieces: one input scale and one 16-byte store each
+    ROWS_PER_PASS = 32 // LANES  # rows a warp instruction
+    ROWS_PER_WARP = ROWS_PER_PASS * ROWS_PER_THREAD
+    WARPS = ROWS_PER_CTA // ROWS_PER_WARP
+    THREADS = 32 * WARPS
+    assert WARPS * ROWS_PER_WARP == ROWS_PER_CTA and (bm == 128 or ROWS_PER_WARP == 32), (v, cfg)
 
     num_tokens = T.dynamic("num_tokens")
     x_words = T.dynamic("x_words")  # hidden / 8: words of codes a row
@@ -105,9 +145,9 @@ def build(v: PerBlockCastLosslessVariant):
     y_stride = T.dynamic("y_stride")  # words
     hidden = x_words * 8
     num_groups = T.ceildiv(hidden, bk)
-    lanes_a_group = bk // 16  # the lanes of a row whose columns are one output column block
+    lanes_a_group = bk // COLS  # the lanes of a row whose columns are one output column block
     warp_blocks = 1 if bm == 32 else 0  # a warp's 32 rows are one row block (bm 32)
-    writer_warps = 4 if bm == 32 else 1  # the warps that write scales
+    writer_warps = WARPS if bm == 32 else 1  # the warps that write scales
 
     @T.prim_func
     def per_block_cast_lossless_kernel(
@@ -129,29 +169,30 @@ def build(v: PerBlockCastLosslessVariant):
         sf_stride_k: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, ROWS_PER_CTA) * T.ceildiv(x_words, WORDS_PER_CTA), threads=THREADS) as b:
-            T.annotate_min_blocks_per_sm(8)  # at most 64 registers: 1024 threads an SM
+            T.annotate_min_blocks_per_sm(cfg.sm_threads // THREADS)  # caps the registers
             T.import_source(STORE16_SOURCE)
             bx = T.alloc_var("int32")
             by = T.alloc_var("int32")
             bx = b // T.ceildiv(x_words, WORDS_PER_CTA)
             by = b % T.ceildiv(x_words, WORDS_PER_CTA)
-            T.assume(x_stride % 2 == 0)
+            T.assume(x_stride % 4 == 0)
             T.assume(y_stride % 4 == 0)
             tx = T.get_thread_binding(0)
             warp = tx // 32
             lane = tx % 32
             row0 = T.alloc_var("int32")
-            row0 = bx * ROWS_PER_CTA + warp * ROWS_PER_WARP + lane // LANES  # + 4u
+            row0 = bx * ROWS_PER_CTA + warp * ROWS_PER_WARP + lane // LANES  # + ROWS_PER_PASS * u
             col = T.alloc_var("int32")
             col = (by * WORDS_PER_CTA + (tx % LANES) * WORDS) * 8  # the thread's first column
             col_ok = col < hidden
-            g_in = T.alloc_var("int32")
-            g_in = col >> in_shift_k
+            g_in = T.alloc_local((HALVES,), "int32")
+            for h in T.unroll(HALVES):
+                g_in[h] = (col + 16 * h) >> in_shift_k  # all equal unless bk_in == 16
             xs = T.alloc_local((ROWS_PER_THREAD, WORDS), "uint32")
-            sfb = T.alloc_local((ROWS_PER_THREAD,), "int32")  # fp32 bits of the row scales
-            red_max = T.alloc_shared((4, LANES), "float32")
-            red_min = T.alloc_shared((4, LANES), "float32")
-            ys = T.alloc_local((2 * WORDS,), "uint32")
+            sfb = T.alloc_local((ROWS_PER_THREAD, HALVES), "int32")  # fp32 bits of the row scales
+            red_max = T.alloc_shared((WARPS, LANES), "float32")
+            red_min = T.alloc_shared((WARPS, LANES), "float32")
+            ys = T.alloc_local((4,), "uint32")
             tab_lo = T.alloc_var("uint32")
             tab_hi = T.alloc_var("uint32")
             smax = T.alloc_var("float32")
@@ -167,58 +208,63 @@ def build(v: PerBlockCastLosslessVariant):
                         xs[u, j] = T.uint32(0)
             if in_sf_packed != 0:
                 for u in T.unroll(ROWS_PER_THREAD):
-                    if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
-                        sfb[u] = T.cast(
-                            SIN[
-                                ((row0 + ROWS_PER_PASS * u) >> in_shift_m) * in_sf_stride_m
-                                + (g_in >> 2) * in_sf_stride_k
-                                + (g_in & 3)
-                            ],
-                            "int32",
-                        )
-                    else:
-                        sfb[u] = 0
+                    for h in T.unroll(HALVES):
+                        if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
+                            sfb[u, h] = T.cast(
+                                SIN[
+                                    ((row0 + ROWS_PER_PASS * u) >> in_shift_m) * in_sf_stride_m
+                                    + (g_in[h] >> 2) * in_sf_stride_k
+                                    + (g_in[h] & 3)
+                                ],
+                                "int32",
+                            )
+                        else:
+                            sfb[u, h] = 0
                 # UE8M0 byte b -> 2^(b - 127); byte 0 is the subnormal 2^-127 (not valid here).
                 for u in T.unroll(ROWS_PER_THREAD):
-                    sfb[u] = T.if_then_else(sfb[u] == 0, T.int32(1 << 22), T.shift_left(sfb[u], 23))
+                    for h in T.unroll(HALVES):
+                        sfb[u, h] = T.if_then_else(sfb[u, h] == 0, T.int32(1 << 22), T.shift_left(sfb[u, h], 23))
             else:
                 for u in T.unroll(ROWS_PER_THREAD):
-                    if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
-                        sfb[u] = SIN32[
-                            (((row0 + ROWS_PER_PASS * u) >> in_shift_m) * in_sf_stride_m + g_in * in_sf_stride_k) >> 2
-                        ]
-                    else:
-                        sfb[u] = 0
+                    for h in T.unroll(HALVES):
+                        if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
+                            sfb[u, h] = SIN32[
+                                (((row0 + ROWS_PER_PASS * u) >> in_shift_m) * in_sf_stride_m + g_in[h] * in_sf_stride_k)
+                                >> 2
+                            ]
+                        else:
+                            sfb[u, h] = 0
 
-            # 2. Block max and min of the scales: the thread's rows, the lanes of its column
-            # block, the warp's 32 rows, the 4 warps (bm 128). Rows and columns outside the
-            # tensor count as max 0 / min +inf.
+            # 2. Block max and min of the scales: the thread's, the lanes of its column block, the
+            # warp's rows, the warps (bm 128). Rows and columns outside the tensor count as max 0
+            # / min +inf.
             smax = T.float32(0)
             smin = T.float32(T.infinity("float32"))
             for u in T.unroll(ROWS_PER_THREAD):
-                f = T.reinterpret(sfb[u], "float32")
-                exponent = T.shift_right(sfb[u], 23) & 255
-                normal_pow2 = (sfb[u] & T.int32(-2139095041)) == 0 and exponent >= 1 and exponent <= 254
-                valid = row0 + ROWS_PER_PASS * u < num_tokens and col_ok
-                smax = T.max(smax, T.if_then_else(valid, f, T.float32(0)))
-                smin = T.min(
-                    smin,
-                    T.if_then_else(
-                        valid, T.if_then_else(normal_pow2, f, T.float32(0)), T.float32(T.infinity("float32"))
-                    ),
-                )
+                for h in T.unroll(HALVES):
+                    f = T.reinterpret(sfb[u, h], "float32")
+                    exponent = T.shift_right(sfb[u, h], 23) & 255
+                    normal_pow2 = (sfb[u, h] & T.int32(-2139095041)) == 0 and exponent >= 1 and exponent <= 254
+                    valid = row0 + ROWS_PER_PASS * u < num_tokens and col_ok
+                    smax = T.max(smax, T.if_then_else(valid, f, T.float32(0)))
+                    smin = T.min(
+                        smin,
+                        T.if_then_else(
+                            valid, T.if_then_else(normal_pow2, f, T.float32(0)), T.float32(T.infinity("float32"))
+                        ),
+                    )
             for s in T.unroll(lanes_a_group.bit_length() - 1):
                 smax = T.max(smax, T.shfl_xor(smax, 1 << s))
                 smin = T.min(smin, T.shfl_xor(smin, 1 << s))
-            for s in T.unroll(2):  # the 4 row lanes of the warp
+            for s in T.unroll(ROWS_PER_PASS.bit_length() - 1):  # the row lanes of the warp
                 smax = T.max(smax, T.shfl_xor(smax, LANES << s))
                 smin = T.min(smin, T.shfl_xor(smin, LANES << s))
-            if bm == 128:
+            if bm == 128 and WARPS > 1:
                 if lane < LANES:
                     red_max[warp, lane] = smax
                     red_min[warp, lane] = smin
                 T.sync_threads()
-                for w in T.unroll(4):
+                for w in T.unroll(WARPS):
                     smax = T.max(smax, red_max[w, tx % LANES])
                     smin = T.min(smin, red_min[w, tx % LANES])
             ok = T.alloc_var("bool")
@@ -251,53 +297,59 @@ def build(v: PerBlockCastLosslessVariant):
                     for k in T.unroll(4):
                         S[off + k] = T.cast(T.shift_right(sf_bits, 8 * k) & 255, "uint8")
 
-            # 4. Convert and store, a row at a time.
+            # 4. Convert and store, 16 columns (2 words of codes, 4 words of bytes) at a time.
             for u in T.unroll(ROWS_PER_THREAD):
-                scale = T.reinterpret(sfb[u], "float32") * inv
-                if ok:
-                    # s = 2^k exactly: E = (k + 6) << 3 from the exponent bits, bytes added per lane
-                    # (no carries: E + 28 < 128). Rows outside the tensor get a table never stored.
-                    e4 = T.cast(T.shift_left(T.shift_right(T.reinterpret(scale, "int32"), 23) - 121, 3) & 255, "uint32")
-                    tab_lo = e4 * T.uint32(0x01010100) + T.uint32(0x0C080000)
-                    tab_hi = e4 * T.uint32(0x01010101) + T.uint32(0x1C181410)
-                else:
-                    tab_lo = magnitude_table(scale, 0)
-                    tab_hi = magnitude_table(scale, 4)
-                if ok or T.abs(scale) < T.float32(T.infinity("float32")):
-                    for k in T.unroll(WORDS):
-                        w = xs[u, k]
-                        # Magnitudes: byte permutes select table bytes by the 3 low bits of 4
-                        # nibbles each (bit 3 of a selector nibble must be clear).
-                        mag = w & T.uint32(0x77777777)
-                        # Sign bits: code i's sign (bit 4i+3) is bit 7 of byte i/2 of w << 4
-                        # (even i) or of w (odd i); pick those bytes in order, keep bit 7.
-                        w4 = T.shift_left(w, T.uint32(4))
-                        ys[2 * k] = byte_perm(tab_lo, tab_hi, mag) ^ (
-                            byte_perm(w4, w, T.uint32(0x5140)) & T.uint32(0x80808080)
+                for h in T.unroll(HALVES):
+                    scale = T.reinterpret(sfb[u, h], "float32") * inv
+                    if ok:
+                        # s = 2^k exactly: E = (k + 6) << 3 from the exponent bits, bytes added per
+                        # lane (no carries: E + 28 < 128). Rows outside the tensor get a table
+                        # never stored.
+                        e4 = T.cast(
+                            T.shift_left(T.shift_right(T.reinterpret(scale, "int32"), 23) - 121, 3) & 255, "uint32"
                         )
-                        ys[2 * k + 1] = byte_perm(tab_lo, tab_hi, T.shift_right(mag, T.uint32(16))) ^ (
-                            byte_perm(w4, w, T.uint32(0x7362)) & T.uint32(0x80808080)
+                        tab_lo = e4 * T.uint32(0x01010100) + T.uint32(0x0C080000)
+                        tab_hi = e4 * T.uint32(0x01010101) + T.uint32(0x1C181410)
+                    else:
+                        tab_lo = magnitude_table(scale, 0)
+                        tab_hi = magnitude_table(scale, 4)
+                    if ok or T.abs(scale) < T.float32(T.infinity("float32")):
+                        for k in T.unroll(2):
+                            w = xs[u, 2 * h + k]
+                            # Magnitudes: byte permutes select table bytes by the 3 low bits of 4
+                            # nibbles each (bit 3 of a selector nibble must be clear).
+                            mag = w & T.uint32(0x77777777)
+                            # Sign bits: code i's sign (bit 4i+3) is bit 7 of byte i/2 of w << 4
+                            # (even i) or of w (odd i); pick those bytes in order, keep bit 7.
+                            w4 = T.shift_left(w, T.uint32(4))
+                            ys[2 * k] = byte_perm(tab_lo, tab_hi, mag) ^ (
+                                byte_perm(w4, w, T.uint32(0x5140)) & T.uint32(0x80808080)
+                            )
+                            ys[2 * k + 1] = byte_perm(tab_lo, tab_hi, T.shift_right(mag, T.uint32(16))) ^ (
+                                byte_perm(w4, w, T.uint32(0x7362)) & T.uint32(0x80808080)
+                            )
+                    else:
+                        # inf or NaN factor (a block the SF marks NaN): the element-wise conversion.
+                        for k in T.unroll(2):
+                            w = xs[u, 2 * h + k]
+                            for o in T.unroll(2):
+                                ys[2 * k + o] = T.uint32(0)
+                                for i in T.unroll(4):
+                                    code = T.cast(T.shift_right(w, T.uint32(16 * o + 4 * i)) & T.uint32(15), "int32")
+                                    ys[2 * k + o] = ys[2 * k + o] | T.shift_left(
+                                        e4m3_byte(e2m1_value(code) * scale), T.uint32(8 * i)
+                                    )
+                    if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
+                        T.call_extern(
+                            "handle",
+                            "tilebake_store16",
+                            T.address_of(
+                                Y[row0 + ROWS_PER_PASS * u, 2 * (by * WORDS_PER_CTA + (tx % LANES) * WORDS) + 4 * h]
+                            ),
+                            ys[0],
+                            ys[1],
+                            ys[2],
+                            ys[3],
                         )
-                else:
-                    # inf or NaN factor (a block the SF marks NaN): the element-wise conversion.
-                    for k in T.unroll(WORDS):
-                        w = xs[u, k]
-                        for o in T.unroll(2):
-                            ys[2 * k + o] = T.uint32(0)
-                            for i in T.unroll(4):
-                                code = T.cast(T.shift_right(w, T.uint32(16 * o + 4 * i)) & T.uint32(15), "int32")
-                                ys[2 * k + o] = ys[2 * k + o] | T.shift_left(
-                                    e4m3_byte(e2m1_value(code) * scale), T.uint32(8 * i)
-                                )
-                if row0 + ROWS_PER_PASS * u < num_tokens and col_ok:
-                    T.call_extern(
-                        "handle",
-                        "tilebake_store16",
-                        T.address_of(Y[row0 + ROWS_PER_PASS * u, 2 * (by * WORDS_PER_CTA + (tx % LANES) * WORDS)]),
-                        ys[0],
-                        ys[1],
-                        ys[2],
-                        ys[3],
-                    )
 
     return per_block_cast_lossless_kernel
