@@ -8,6 +8,7 @@
 #   tests are host-bound, so this cuts the wall time several times).
 set -uo pipefail
 OUT=${OUT:-bench/results}
+rm -rf /tmp/site  # a warm machine may hold an earlier call's install
 python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/tilebake-*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/nvidia-smi.txt"

@@ -42,8 +42,8 @@ class PerBlockCastLosslessVariant(Variant):
 _KERNELS = KernelTable(
     PerBlockCastLosslessVariant,
     (
-        "X", "Y", "SIN", "S", "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m", "in_shift_k",
-        "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "hidden", "x_stride", "y_stride",
+        "X", "Y", "SIN", "SIN32", "S", "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m",
+        "in_shift_k", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "x_words", "x_stride", "y_stride",
     ),
 )  # fmt: skip
 
@@ -140,13 +140,16 @@ def per_block_cast_lossless(
     if data_ptr % 16:
         check_aligned(data_ptr, "x[0]")
     in_size, size = sf_in.element_size(), sf.element_size()  # the kernel addresses SF in bytes
+    # The kernel reads and writes 4-byte words (8 codes in, 4 e4m3 bytes out); row strides in
+    # words (a single row's stride is never used).
+    x_stride = data.stride(0) // 4 if num_tokens > 1 else 0
     _KERNELS[bm, bk](
         data.get_device(),
-        data_ptr, out.data_ptr(), sf_in.data_ptr(), sf.data_ptr(),
+        data_ptr, out.data_ptr(), sf_in.data_ptr(), sf_in.data_ptr(), sf.data_ptr(),
         int(in_packed), sf_in.stride(0) * in_size, sf_in.stride(1) * in_size,
         bm_in.bit_length() - 1, bk_in.bit_length() - 1,
         int(use_packed_ue8m0), sf.stride(0) * size, sf.stride(1) * size,
-        num_tokens, hidden, data.stride(0), out.stride(0),
+        num_tokens, hidden // 8, x_stride, out.stride(0) // 4,
     )  # fmt: skip
     if check:
         bad = (sf.view(torch.uint8) == 0xFF) if use_packed_ue8m0 else torch.isnan(sf)
