@@ -16,7 +16,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_decode_float32, ue8m0_to_float32
+from kernels_tl.quant.common import e2m1x8_bf16x2, e2m1x8_word, ue8m0_to_float32
 from tilebake.quant.cast_back import CastBackVariant
 
 
@@ -104,8 +104,15 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
             T.assume(x_cols % 8 == 0)
             tx = T.get_thread_binding(0)
             col = by * cols_per_cta + (tx % TPR) * ept  # logical
+            # SF block indices: a shift for the usual power-of-two blocks (a uniform branch), an
+            # int32 division (some 25 instructions) only otherwise. row, col >= 0.
             cb = T.alloc_var("int32")
-            cb = col // block_k
+            if (block_k & (block_k - 1)) == 0:
+                cb = T.shift_right(col, 31 - T.call_extern("int32", "__clz", block_k))
+            else:
+                cb = col // block_k
+            pow2_m = (block_m & (block_m - 1)) == 0
+            shift_m = 31 - T.call_extern("int32", "__clz", block_m)
             xs = T.alloc_local((RPT, xvec), "int8" if e2m1 else "float8_e4m3fn")
             sfs = T.alloc_local((RPT, ept), "float32")
             ys = T.alloc_local((ept,), out_dtype)
@@ -117,7 +124,10 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
                             row, by * (cols_per_cta // (2 if e2m1 else 1)) + (tx % TPR) * xvec + j
                         ]  # the physical column, spelled out so the vectorizer sees a multiple of xvec
                     rb = T.alloc_var("int32")
-                    rb = row // block_m
+                    if pow2_m:
+                        rb = T.shift_right(row, shift_m)
+                    else:
+                        rb = row // block_m
                     if v.per_channel:
                         for j in T.unroll(ept):
                             sfs[u, j] = load_sf(S, rb, col + j)
@@ -126,13 +136,21 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
             for u in T.unroll(RPT):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
                 if row < num_tokens and col < hidden:
-                    for j in T.unroll(ept):
-                        if e2m1:
-                            code = (T.cast(xs[u, j // 2], "int32") >> (4 * (j % 2))) & 15
-                            value = e2m1_decode_float32(code)
-                        else:
+                    if e2m1:
+                        # 8 codes a word; each pair's bf16 bits are the top halves of their fp32 values.
+                        for i in T.unroll(ept // 8):
+                            w = e2m1x8_word(xs, u, 4 * i)
+                            for k in T.unroll(4):
+                                pair = e2m1x8_bf16x2(w, k)
+                                j = 8 * i + 2 * k
+                                lo = T.reinterpret(T.shift_left(pair, T.uint32(16)), "float32")
+                                hi = T.reinterpret(pair & T.uint32(0xFFFF0000), "float32")
+                                ys[j] = T.cast(lo * sfs[u, j if v.per_channel else 0], out_dtype)
+                                ys[j + 1] = T.cast(hi * sfs[u, j + 1 if v.per_channel else 0], out_dtype)
+                    else:
+                        for j in T.unroll(ept):
                             value = T.cast(xs[u, j], "float32")
-                        ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
+                            ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
                     for j in T.vectorized(ept):
                         Y[row, by * cols_per_cta + (tx % TPR) * ept + j] = ys[j]
 
