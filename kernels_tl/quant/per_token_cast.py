@@ -72,7 +72,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     if v.sf_mode == "runtime":
         return build_runtime_sf(v)
     if v.sf_mode == "rne":
-        return build_e2m1_rne(v)
+        return build_e2m1_rne(v, cfg)
     assert v.fmt == "e4m3" and v.in_dtype in ("bf16", "fp32"), v
     round_sf, packed_ue8m0 = v.sf_mode in ("round", "ue8m0"), v.sf_mode == "ue8m0"
     in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
