@@ -30,10 +30,11 @@ class LaunchConfig:
 
 # Chosen by `python bench/tune.py run .carry/tune cast_back` on the H200 (bench/results/
 # 2026-11-30-NVIDIA-H200/issue4/tune_cast_back.log), at 16384 x 7168 -> bf16: e4m3 (1, 128) fp32 SF
-# 91.0% of copy bandwidth (the previous 256 x 4 rows x 8 elements: 88.4%); e2m1 (1, 32) UE8M0
-# 67.3%, the best of the search space (8-byte data loads; below the 90% bar).
+# 91.0% of copy bandwidth (the previous 256 x 4 rows x 8 elements: 88.4%). e2m1 (1, 32) UE8M0 with
+# the PRMT decoder (bench/results/2026-11-30-NVIDIA-H200/perf/e2m1-tune.log): 88.2% with this
+# config, 59.3% with the former 128 x 4 rows (more rows a thread is slower here).
 DEFAULT_CONFIG = LaunchConfig(threads=512, threads_per_row=64, rows_per_thread=1, elems_per_thread=16)
-DEFAULT_CONFIG_E2M1 = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=4, elems_per_thread=16)
+DEFAULT_CONFIG_E2M1 = DEFAULT_CONFIG
 
 
 def candidate_configs():

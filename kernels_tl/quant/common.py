@@ -20,24 +20,24 @@ def per_token_sf_buffer(num_tokens, hidden, num_per_channels: int, packed_ue8m0:
 
 
 def e2m1_code(q):
-    """fp32 q -> its e2m1 code (int32 0..15) per numerics.md step 4, in 6 ALU instructions:
+    """fp32 q -> its e2m1 code (int32 0..15) per numerics.md step 4, in 7 ALU instructions:
     the package's only e2m1 encoder (tilebake.torch.cast.e2m1_encode is its reference).
 
-    m = min(|q|, 6) (a NaN compares false, so NaN and inf become 6). The e2m1 grid is 0.5 apart
-    below 2, 1 apart in [2, 4), 2 apart in [4, 6]: one fp32 add of the magic number
-    M = 2^(22 + b), whose ulp is that grid step (b = max(exponent of m, 0), 0..2), rounds m to
-    the grid half-to-even exactly like rne(2m), rne(m) + 2, rne(m / 2) + 4, and leaves the grid
-    index in the low bits: code = bits(m + M) - bits(M) + 2b. The exponent comes from
-    max(m, 1) (NaN-free here) as eb = bits >> 23 (127..129), so M's bits are (eb + 22) << 23
-    and the code is bits(m + M) + eb * (2 - 2^23) - (22 << 23) - 254 (int32, wrapping).
+    m = min(|q|, 6) (a NaN compares false, so NaN and inf become 6). The e2m1 grid is g = 0.5
+    apart below 2, 1 apart in [2, 4), 2 apart in [4, 6], i.e. g = 2^(b - 1) with
+    b = max(exponent of m, 0) = 0..2. One fp32 add of M' = 2^(22 + b) + 2b * g, a multiple of
+    g whose ulp is g, rounds m to the grid half-to-even (M''s mantissa is even, so ties go
+    where rne(2m), rne(m) + 2, rne(m / 2) + 4 send them) and leaves M''s bits + the grid index
+    in the sum's bits: their low 3 bits are 2b + index, the code (at most 7). M''s bits are
+    eb * (2^23 + 2) + (22 << 23) - 254 with eb = bits(max(m, 1)) >> 23 (127..129, NaN-free).
     Bit 3 is q's sign bit (-0.0 gives 8, as the reference)."""
     a = T.call_extern("float32", "fabsf", q)  # CUDA: a free |.| operand modifier; the C target has fabsf too
     m = T.if_then_else(a < T.float32(6), a, T.float32(6))
     eb = T.shift_right(T.reinterpret(T.max(m, T.float32(1)), "int32"), 23)
-    magic = T.reinterpret(T.shift_left(eb + 22, 23), "float32")
-    mag = T.reinterpret(m + magic, "int32") + eb * T.int32(2 - (1 << 23)) - T.int32((22 << 23) + 254)
-    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8)
-    return mag | T.cast(sign, "int32")
+    magic = T.reinterpret(eb * T.int32((1 << 23) + 2) + T.int32((22 << 23) - 254), "float32")
+    # (sum & 7) | (sign nibble & ~7): one LOP3 (q >> 28 keeps the sign at bit 3 over 3 exponent bits).
+    code = T.reinterpret(m + magic, "int32") & 7
+    return code | (T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)), "int32") & ~7)
 
 
 def e2m1_value(code):
