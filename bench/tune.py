@@ -22,7 +22,10 @@ SHAPES = [(16384, 7168), (4096, 7168), (4096, 4096)]
 def _variants(op):
     """The variants worth tuning (the benchmarked ones), as keyword dicts of the Variant fields."""
     return {
-        "per_token_cast": [dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="fp32")],
+        "per_token_cast": [
+            dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="fp32"),
+            dict(in_dtype="bf16", fmt="e2m1", num_per_channels=16, sf_mode="rne"),
+        ],
         "cast_back": [
             dict(in_fmt="e4m3", out_dtype="bf16", sf_kind="fp32", per_channel=False),
             dict(in_fmt="e2m1", out_dtype="bf16", sf_kind="ue8m0", per_channel=False),
@@ -81,6 +84,32 @@ def _setup(op, key, t, h):
 
     import tilebake
 
+    if op == "per_token_cast" and key["fmt"] == "e2m1":  # bf16 -> e2m1 1x16, e4m3 SF (sf_mode 3)
+
+        def make():
+            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            y = torch.empty(t, h // 2, dtype=torch.int8, device="cuda")
+            return (x, y, torch.empty(t, h // 16, dtype=torch.float8_e4m3fn, device="cuda"))
+
+        def values(x, y, s):
+            return dict(X=x.data_ptr(), Y=y.data_ptr(), S=s.data_ptr(), SB=s.data_ptr(), SE=s.data_ptr(),
+                        amax_clamp=6 * 2.0**-9, sf_mode=3, num_tokens=t, hidden=h, x_stride=h, y_stride=h // 2,
+                        sf_stride_t=h // 16, sf_stride_g=1)  # fmt: skip
+
+        return (
+            make,
+            values,
+            (lambda x, y, s: torch.cat([y.view(torch.uint8).flatten(), s.view(torch.uint8).flatten()])),
+            (
+                lambda x, y, s: torch.cat(
+                    [
+                        t.view(torch.uint8).flatten()
+                        for t in tilebake.quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True)
+                    ]
+                )
+            ),
+            t * h * 2 + t * h // 2 + t * (h // 16),
+        )
     if op == "per_token_cast":
 
         def make():

@@ -16,7 +16,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_decode_float32, ue8m0_to_float32
+from kernels_tl.quant.common import e2m1x8_bf16x2, e2m1x8_word, ue8m0_to_float32
 from tilebake.quant.cast_back import CastBackVariant
 
 
@@ -30,10 +30,11 @@ class LaunchConfig:
 
 # Chosen by `python bench/tune.py run .carry/tune cast_back` on the H200 (bench/results/
 # 2026-11-30-NVIDIA-H200/issue4/tune_cast_back.log), at 16384 x 7168 -> bf16: e4m3 (1, 128) fp32 SF
-# 91.0% of copy bandwidth (the previous 256 x 4 rows x 8 elements: 88.4%); e2m1 (1, 32) UE8M0
-# 67.3%, the best of the search space (8-byte data loads; below the 90% bar).
+# 91.0% of copy bandwidth (the previous 256 x 4 rows x 8 elements: 88.4%). e2m1 (1, 32) UE8M0 with
+# the PRMT decoder (bench/results/2026-11-30-NVIDIA-H200/perf/e2m1-tune.log): 88.2% with this
+# config, 59.3% with the former 128 x 4 rows (more rows a thread is slower here).
 DEFAULT_CONFIG = LaunchConfig(threads=512, threads_per_row=64, rows_per_thread=1, elems_per_thread=16)
-DEFAULT_CONFIG_E2M1 = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=4, elems_per_thread=16)
+DEFAULT_CONFIG_E2M1 = DEFAULT_CONFIG
 
 
 def candidate_configs():
@@ -104,8 +105,15 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
             T.assume(x_cols % 8 == 0)
             tx = T.get_thread_binding(0)
             col = by * cols_per_cta + (tx % TPR) * ept  # logical
+            # SF block indices: a shift for the usual power-of-two blocks (a uniform branch), an
+            # int32 division (some 25 instructions) only otherwise. row, col >= 0.
             cb = T.alloc_var("int32")
-            cb = col // block_k
+            if (block_k & (block_k - 1)) == 0:
+                cb = T.shift_right(col, 31 - T.call_extern("int32", "__clz", block_k))
+            else:
+                cb = col // block_k
+            pow2_m = (block_m & (block_m - 1)) == 0
+            shift_m = 31 - T.call_extern("int32", "__clz", block_m)
             xs = T.alloc_local((RPT, xvec), "int8" if e2m1 else "float8_e4m3fn")
             sfs = T.alloc_local((RPT, ept), "float32")
             ys = T.alloc_local((ept,), out_dtype)
@@ -117,7 +125,10 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
                             row, by * (cols_per_cta // (2 if e2m1 else 1)) + (tx % TPR) * xvec + j
                         ]  # the physical column, spelled out so the vectorizer sees a multiple of xvec
                     rb = T.alloc_var("int32")
-                    rb = row // block_m
+                    if pow2_m:
+                        rb = T.shift_right(row, shift_m)
+                    else:
+                        rb = row // block_m
                     if v.per_channel:
                         for j in T.unroll(ept):
                             sfs[u, j] = load_sf(S, rb, col + j)
@@ -126,13 +137,21 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
             for u in T.unroll(RPT):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
                 if row < num_tokens and col < hidden:
-                    for j in T.unroll(ept):
-                        if e2m1:
-                            code = (T.cast(xs[u, j // 2], "int32") >> (4 * (j % 2))) & 15
-                            value = e2m1_decode_float32(code)
-                        else:
+                    if e2m1:
+                        # 8 codes a word; each pair's bf16 bits are the top halves of their fp32 values.
+                        for i in T.unroll(ept // 8):
+                            w = e2m1x8_word(xs, u, 4 * i)
+                            for k in T.unroll(4):
+                                pair = e2m1x8_bf16x2(w, k)
+                                j = 8 * i + 2 * k
+                                lo = T.reinterpret(T.shift_left(pair, T.uint32(16)), "float32")
+                                hi = T.reinterpret(pair & T.uint32(0xFFFF0000), "float32")
+                                ys[j] = T.cast(lo * sfs[u, j if v.per_channel else 0], out_dtype)
+                                ys[j + 1] = T.cast(hi * sfs[u, j + 1 if v.per_channel else 0], out_dtype)
+                    else:
+                        for j in T.unroll(ept):
                             value = T.cast(xs[u, j], "float32")
-                        ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
+                            ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
                     for j in T.vectorized(ept):
                         Y[row, by * cols_per_cta + (tx % TPR) * ept + j] = ys[j]
 

@@ -20,26 +20,24 @@ def per_token_sf_buffer(num_tokens, hidden, num_per_channels: int, packed_ue8m0:
 
 
 def e2m1_code(q):
-    """fp32 q -> its e2m1 code (int32 0..15) per numerics.md step 4, branch-free.
+    """fp32 q -> its e2m1 code (int32 0..15) per numerics.md step 4, in 7 ALU instructions:
+    the package's only e2m1 encoder (tilebake.torch.cast.e2m1_encode is its reference).
 
-    m = |q| with NaN and +inf mapped to 6 (the comparison is false for NaN), then the 3-bit
-    magnitude code counts the round-half-even thresholds it reaches: rne(2m) for m < 2,
-    rne(m) + 2 for 2 <= m < 4, rne(m / 2) + 4 otherwise, i.e. thresholds
-    0.25 < m, 0.75 <= m, 1.25 < m, 1.75 <= m, 2.5 < m, 3.5 <= m, 5 < m. Bit 3 is q's sign bit.
-    """
-    a = T.abs(q)
+    m = min(|q|, 6) (a NaN compares false, so NaN and inf become 6). The e2m1 grid is g = 0.5
+    apart below 2, 1 apart in [2, 4), 2 apart in [4, 6], i.e. g = 2^(b - 1) with
+    b = max(exponent of m, 0) = 0..2. One fp32 add of M' = 2^(22 + b) + 2b * g, a multiple of
+    g whose ulp is g, rounds m to the grid half-to-even (M''s mantissa is even, so ties go
+    where rne(2m), rne(m) + 2, rne(m / 2) + 4 send them) and leaves M''s bits + the grid index
+    in the sum's bits: their low 3 bits are 2b + index, the code (at most 7). M''s bits are
+    eb * (2^23 + 2) + (22 << 23) - 254 with eb = bits(max(m, 1)) >> 23 (127..129, NaN-free).
+    Bit 3 is q's sign bit (-0.0 gives 8, as the reference)."""
+    a = T.call_extern("float32", "fabsf", q)  # CUDA: a free |.| operand modifier; the C target has fabsf too
     m = T.if_then_else(a < T.float32(6), a, T.float32(6))
-    mag = (
-        T.cast(m > T.float32(0.25), "int32")
-        + T.cast(m >= T.float32(0.75), "int32")
-        + T.cast(m > T.float32(1.25), "int32")
-        + T.cast(m >= T.float32(1.75), "int32")
-        + T.cast(m > T.float32(2.5), "int32")
-        + T.cast(m >= T.float32(3.5), "int32")
-        + T.cast(m > T.float32(5), "int32")
-    )
-    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8)
-    return mag | T.cast(sign, "int32")
+    eb = T.shift_right(T.reinterpret(T.max(m, T.float32(1)), "int32"), 23)
+    magic = T.reinterpret(eb * T.int32((1 << 23) + 2) + T.int32((22 << 23) - 254), "float32")
+    # (sum & 7) | (sign nibble & ~7): one LOP3 (q >> 28 keeps the sign at bit 3 over 3 exponent bits).
+    code = T.reinterpret(m + magic, "int32") & 7
+    return code | (T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)), "int32") & ~7)
 
 
 def e2m1_value(code):
@@ -57,6 +55,38 @@ def e2m1_value(code):
 # src/tilebake/torch/stochastic.py (SR, the hash), written step for step the same way.
 
 
+def e2m1x8_word(xs, row, base):
+    """The 4 packed e2m1 bytes xs[row, base .. base + 3] (a local int8/uint8 buffer) as one
+    little-endian uint32 of 8 codes, code 0 in the low nibble (the compiler keeps the loaded
+    register)."""
+    w = T.cast(T.cast(xs[row, base], "uint8"), "uint32")
+    for i in range(1, 4):
+        w = w | T.shift_left(T.cast(T.cast(xs[row, base + i], "uint8"), "uint32"), T.uint32(8 * i))
+    return w
+
+
+def e2m1x8_bf16x2(w, k):
+    """bf16 bit patterns of codes 2k and 2k+1 (k = 0..3) of the uint32 `w` of 8 e2m1 codes, as a
+    uint32 (code 2k in the low half): e2m1 values are exact in bf16, so these are also the top
+    halves of their fp32 bits. About 1.5 instructions per code, through PRMT (__byte_perm):
+    the 3 magnitude bits of 4 codes select their bf16 low bytes (00 00 80 C0 00 40 80 C0) and
+    high bytes (00 3F 3F 3F 40 40 40 40) from two 8-byte tables; a third PRMT interleaves them;
+    bit 3 of each code, moved to bit 7 of a byte by PRMT, becomes the bf16 sign (-0.0 for code 8).
+    An expression builder: pass `w` as a register; the lookups shared by two k are one PRMT each
+    once the compiler merges the common subexpressions."""
+    sel = T.shift_right(w, T.cast(16 * (k // 2), "uint32")) & T.uint32(0x7777)
+    lo = T.call_extern("uint32", "__byte_perm", T.uint32(0xC0800000), T.uint32(0xC0804000), sel)
+    hi = T.call_extern("uint32", "__byte_perm", T.uint32(0x3F3F3F00), T.uint32(0x40404040), sel)
+    # Bytes lo[2(k % 2)], hi[..], lo[2(k % 2) + 1], hi[..]: selector 0x5140 or 0x7362. k may be a
+    # TIR loop variable (arithmetic, no Python branch on it).
+    pair = T.call_extern("uint32", "__byte_perm", lo, hi, T.uint32(0x5140) + T.cast(k % 2, "uint32") * T.uint32(0x2222))
+    # Byte k of w << 4 holds code 2k's sign at bit 7, byte k of w code 2k+1's: into bytes 1 and 3.
+    signs = T.call_extern(
+        "uint32", "__byte_perm", T.shift_left(w, T.uint32(4)), w, T.cast(((4 + k) << 12) | (k << 4), "uint32")
+    )
+    return pair | (signs & T.uint32(0x80008000))
+
+
 def ue8m0_to_float32(byte):
     """UE8M0 byte b -> 2^(b - 127) via the fp32 bits (0 -> 2^-127, a denormal; 255 -> inf)."""
     b = T.cast(byte, "int32")
@@ -70,21 +100,6 @@ def e2m1_decode_float32(code):
     m = code & 1
     mag = T.if_then_else(e == 0, m * T.int32(0x3F000000), ((e + 126) << 23) | (m << 22))
     return T.reinterpret(mag | ((code & 8) << 28), "float32")
-
-
-def e2m1_encode(q):
-    """fp32 q -> e2m1 code in an int32 (numerics.md step 4): m = |q|, NaN/inf -> 6, min(m, 6);
-    rne(2m) below 2, rne(m) + 2 below 4, rne(m/2) + 4 above; bit 3 = sign bit of q."""
-    # |q| by clearing the sign bit (what fabsf does). CUDA's fminf returns the non-NaN operand:
-    # NaN -> 6, and inf -> 6.
-    m = T.min(T.reinterpret(T.reinterpret(q, "uint32") & T.uint32(0x7FFFFFFF), "float32"), T.float32(6))
-    mag = T.if_then_else(
-        m < T.float32(2),
-        T.nearbyint(m * T.float32(2)),
-        T.if_then_else(m < T.float32(4), T.nearbyint(m) + T.float32(2), T.nearbyint(m * T.float32(0.5)) + T.float32(4)),
-    )
-    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(31))
-    return T.cast(mag, "int32") | (T.cast(sign, "int32") << 3)
 
 
 def fmix32(h):

@@ -23,6 +23,7 @@ row-major / TMA-aligned column-major SF share one binary.
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import e2m1_code
 from tilebake.quant.per_block_cast import PerBlockCastVariant
 
 THREADS = 256
@@ -34,24 +35,6 @@ COLS_PER_CTA = THREADS_PER_ROW * VEC
 # Every access is guarded per vector below; TileLang's per-element guards would split
 # each vector access into scalar ones.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
-
-
-def e2m1_code(q):
-    """numerics.md step 4 as TileLang: the 4-bit e2m1 code (int32) of fp32 `q`.
-
-    fminf returns its non-NaN operand, so NaN and +-inf magnitudes become 6."""
-    m = T.min(T.abs(q), T.float32(6.0))
-    mag = T.if_then_else(
-        m < T.float32(2.0),
-        T.call_extern("int32", "__float2int_rn", m * T.float32(2.0)),
-        T.if_then_else(
-            m < T.float32(4.0),
-            T.call_extern("int32", "__float2int_rn", m) + 2,
-            T.call_extern("int32", "__float2int_rn", m * T.float32(0.5)) + 4,
-        ),
-    )
-    sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(31))
-    return mag | T.shift_left(T.cast(sign, "int32"), 3)
 
 
 def build(v: PerBlockCastVariant):

@@ -14,7 +14,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_decode_float32, e2m1_encode
+from kernels_tl.quant.common import e2m1_code, e2m1_decode_float32
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
 
 
@@ -115,7 +115,7 @@ def build(v: PerTokenCastAndCastBackVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                 for j in T.unroll(vec):
                     q = T.cast(xs[u, j], "float32") * inv
                     if e2m1:
-                        d = e2m1_decode_float32(e2m1_encode(q))
+                        d = e2m1_decode_float32(e2m1_code(q))
                     else:
                         # fminf/fmaxf would turn a NaN into +-448; the reference keeps it NaN.
                         d = T.if_then_else(

@@ -639,14 +639,17 @@ def test_gpu_e4m3_nan_inf_blocks(sf_mode):
 
 
 def test_variant_set():
-    """The hot path keeps one binary per SF mode; everything else shares 32 runtime-SF kernels
-    (the budget for per_token_cast + _with_sf_only + _with_precomputed_sf is 96)."""
+    """The hot path keeps one binary per SF mode, the e2m1 hot path one per (input, npc) (8);
+    everything else shares 32 runtime-SF kernels (the budget for per_token_cast + _with_sf_only +
+    _with_precomputed_sf is 96)."""
     from tilebake.quant.per_token_cast import PerTokenCastVariant
 
     ids = {v.id for v in PerTokenCastVariant.all()}
-    assert len(ids) == 56
+    assert len(ids) == 64
     assert "per_token_cast.in_dtype-bf16.fmt-e4m3.num_per_channels-128.sf_mode-fp32" in ids
+    assert "per_token_cast.in_dtype-bf16.fmt-e2m1.num_per_channels-16.sf_mode-rne" in ids
     assert sum(v.sf_mode == "runtime" for v in PerTokenCastVariant.all()) == 32
+    assert sum(v.sf_mode == "rne" for v in PerTokenCastVariant.all()) == 8
 
 
 # --- stochastic_cast=True (SR): the data rounded stochastically, the SF those of RNE ---

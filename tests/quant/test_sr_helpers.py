@@ -31,7 +31,7 @@ def helpers_lib(tmp_path_factory):
     import tilelang.language as T
     from tilelang import tvm
 
-    from kernels_tl.quant.common import e2m1_decode_float32, e2m1_encode, ue8m0_to_float32
+    from kernels_tl.quant.common import e2m1_code, e2m1_decode_float32, ue8m0_to_float32
     from kernels_tl.quant.common import sr_float32_to_bfloat16_bits as e_bf16
     from kernels_tl.quant.common import sr_float32_to_e4m3_value as e_e4m3
 
@@ -50,7 +50,7 @@ def helpers_lib(tmp_path_factory):
         for i in T.serial(n):
             Y[i] = e_e4m3(X[i], R[i])
             Z[i] = e_bf16(X[i], R[i])
-            C[i] = e2m1_encode(X[i])
+            C[i] = e2m1_code(X[i])
             D[i] = e2m1_decode_float32(T.cast(R[i] & T.uint32(15), "int32"))
             U[i] = ue8m0_to_float32(T.cast(R[i] & T.uint32(255), "uint8"))
 
@@ -128,6 +128,19 @@ def test_helpers_match_reference(helpers_lib):
     assert torch.equal(c, e2m1_encode(q).to(torch.int32)), (c != e2m1_encode(q).to(torch.int32)).nonzero()[:5]
     assert torch.equal(d.view(torch.int32), e2m1_decode(r & 15).view(torch.int32))
     assert torch.equal(u.view(torch.int32), ue8m0_to_fp32(r & 255).view(torch.int32))
+
+
+def test_e2m1_code_ties_and_neighbours(helpers_lib):
+    """e2m1_code (the kernels' one e2m1 encoder, a magic-number add) against the reference on
+    every grid point and rounding tie of the e2m1 range, one fp32 ulp either side of each, both
+    signs, the specials, and dense random values over [-8, 8]."""
+    points = torch.cat([torch.arange(0, 6.75, 0.25), torch.tensor([7.0, 8.0, 1e30, float("inf"), 2.0**-126, 1e-45])])
+    points = torch.cat([points, torch.nextafter(points, torch.tensor(0.0)), torch.nextafter(points, torch.tensor(9.0))])
+    q = torch.cat([points, -points, torch.tensor([float("nan"), -float("nan")]), torch.rand(1 << 16) * 16 - 8])
+    _, _, c, _, _ = run(helpers_lib, q, torch.zeros(q.shape, dtype=torch.int64))
+    want = e2m1_encode(q).to(torch.int32)
+    bad = (c != want).nonzero()
+    assert bad.numel() == 0, f"{bad.numel()} differ, e.g. q={q[bad[:4, 0]].tolist()} got {c[bad[:4, 0]].tolist()}"
 
 
 @pytest.fixture(scope="module")

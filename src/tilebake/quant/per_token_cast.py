@@ -46,7 +46,8 @@ class PerTokenCastVariant(Variant):
     num_per_channels: int
     # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (packed 4 to an int32): the hot path, one
     # binary per SF mode. 'runtime': every SF mode (also e4m3 SF, SF only, a precomputed SF) as
-    # a kernel argument, and a quantized input's SF storage and block size too.
+    # a kernel argument, and a quantized input's SF storage and block size too. 'rne': the e2m1
+    # hot path, a plain input rounded to nearest, the SF mode (fp32/round/UE8M0/e4m3) an argument.
     sf_mode: str
 
     @classmethod
@@ -61,7 +62,10 @@ class PerTokenCastVariant(Variant):
             cls(in_dtype, fmt, npc, "runtime")
             for in_dtype, fmt, npc in itertools.product(("bf16", "fp32", "e4m3", "e2m1"), FMTS, NUM_PER_CHANNELS)
         ]
-        return tuple(hot + runtime)
+        e2m1 = [
+            cls(in_dtype, "e2m1", npc, "rne") for in_dtype, npc in itertools.product(("bf16", "fp32"), NUM_PER_CHANNELS)
+        ]
+        return tuple(hot + runtime + e2m1)
 
 
 FMTS = ("e4m3", "e2m1")
@@ -213,6 +217,9 @@ _RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data
                  "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
 _QUANTIZED_ARGS = ("XS", "XSB", "XSE", "x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
 _RUNTIME_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS)
+_RNE_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode",
+             "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
+_RNE_KERNELS = KernelTable(PerTokenCastVariant, _RNE_ARGS)  # build_e2m1_rne: plain input -> e2m1, RNE
 _QUANTIZED_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS + _QUANTIZED_ARGS)
 
 
@@ -411,6 +418,14 @@ def _launch(
         num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
     )  # fmt: skip
     key = (in_dtype, fmt, num_per_channels, "runtime")
+    if x_sf is None and fmt == "e2m1" and store_data and not stochastic and sf_mode != SF_PRECOMPUTED:
+        # The common e2m1 case: a lean kernel without the runtime kernel's rarer options.
+        _RNE_KERNELS[in_dtype, fmt, num_per_channels, "rne"](
+            data_in.get_device(),
+            data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode,
+            num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
+        )  # fmt: skip
+        return
     if x_sf is None:
         _RUNTIME_KERNELS[key](data_in.get_device(), *args)
         return
