@@ -194,3 +194,64 @@ def sr_float32_to_e2m1_code(q, rbits):
     up = T.if_then_else(rbits < below, 1, 0)
     sign = T.cast(T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8), "int32")
     return (T.cast(fl, "int32") + base + up) | sign
+
+
+@T.macro
+def psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment):
+    """valid[0] = 1 if `row` is an expert's slot of the psum layout, [align(psum[e-1]), psum[e])
+    for some e (psum[-1] taken as 0), else 0; always 1 without psum (use_psum == 0). A binary
+    search for the first e with psum[e] > row, search_steps = num_experts.bit_length() steps;
+    uniform per CTA when `row` is. `valid` is a T.alloc_local((1,), "int32")."""
+    lo = T.alloc_var("int32")
+    hi = T.alloc_var("int32")
+    valid[0] = 1
+    if use_psum != 0:
+        lo = 0
+        hi = num_experts
+        for _ in T.serial(search_steps):
+            if lo < hi:
+                if P[(lo + hi) >> 1] > row:
+                    hi = (lo + hi) >> 1
+                else:
+                    lo = ((lo + hi) >> 1) + 1
+        if lo >= num_experts:
+            valid[0] = 0
+        elif lo > 0:
+            if row < (P[lo - 1] + alignment - 1) // alignment * alignment:
+                valid[0] = 0
+
+
+# Correctly rounded fp32 division without a slow path, for divisors in [1, 2^92] (SwiGLU's
+# 1 + exp(-x) for |x| < 64): CUDA's div.rn fast path (rcp.approx, one Newton step on the
+# reciprocal, one correction of the quotient), whose FCHK range check passes for every such
+# pair except a zero or tiny numerator. There the divisor is exactly 2 (exp(-x) rounds to within
+# an ulp of 1, and 1 + that rounds to 2), so q = a * r is exact or correctly rounded and the
+# correction keeps it; the correction is written with the remainder negated, b * q - a, so a
+# -0 numerator keeps its sign (CUDA's form a - b * q would give +0). Callers take
+# T.ieee_fdiv for anything outside the range (|x| >= 64, inf).
+FAST_DIV_MAX_ABS_X = 64.0
+
+
+@T.macro
+def reciprocal_into(r, b, n):
+    """r[j] = 1 / b[j] to within an ulp (rcp.approx.ftz + one Newton step), j < n."""
+    for j in T.unroll(n):
+        r[j] = T.fast_rcp(b[j])
+    for j in T.unroll(n):
+        r[j] = T.ieee_fmaf(r[j], T.ieee_fmaf(-b[j], r[j], T.float32(1)), r[j])
+
+
+@T.macro
+def div_rn_into(q, a, b, r, n):
+    """q[j] = a[j] / b[j] correctly rounded, r from reciprocal_into(r, b, n); see above for the range."""
+    for j in T.unroll(n):
+        q[j] = T.ieee_mul(a[j], r[j])
+    for j in T.unroll(n):
+        q[j] = T.ieee_fmaf(-r[j], T.ieee_fmaf(b[j], q[j], -a[j]), q[j])
+
+
+@T.macro
+def inv_rn_into(q, b, r, n):
+    """q[j] = 1 / b[j] correctly rounded (div_rn_into with a = 1), r from reciprocal_into(r, b, n)."""
+    for j in T.unroll(n):
+        q[j] = T.ieee_fmaf(-r[j], T.ieee_fmaf(b[j], r[j], T.float32(-1)), r[j])
