@@ -221,14 +221,16 @@ def psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment
                 valid[0] = 0
 
 
-# Correctly rounded fp32 division without a slow path, for divisors in [1, 2^92] (SwiGLU's
-# 1 + exp(-x) for |x| < 64): CUDA's div.rn fast path (rcp.approx, one Newton step on the
-# reciprocal, one correction of the quotient), whose FCHK range check passes for every such
-# pair except a zero or tiny numerator. There the divisor is exactly 2 (exp(-x) rounds to within
-# an ulp of 1, and 1 + that rounds to 2), so q = a * r is exact or correctly rounded and the
-# correction keeps it; the correction is written with the remainder negated, b * q - a, so a
-# -0 numerator keeps its sign (CUDA's form a - b * q would give +0). Callers take
-# T.ieee_fdiv for anything outside the range (|x| >= 64, inf).
+# Correctly rounded fp32 division without a slow path, for SwiGLU's den = 1 + exp(-x) with
+# |x| < 64 (den in [1, 2^93)): the instruction sequence of CUDA's div.rn fast path (rcp.approx,
+# one Newton step on the reciprocal, one correction of the quotient), which CUDA uses whenever
+# its FCHK range check passes, i.e. while the quotient, reciprocal and remainder stay normal. Here
+# they do, except for a tiny numerator (|x| < 2^-24): then exp(-x) is within an ulp of 1, so den
+# rounds to exactly 2, and q = x * 0.5 is already the correctly rounded quotient (the remainder
+# is exact and the correction keeps q). The correction is written with the negated remainder,
+# b * q - a, so that a -0 numerator keeps its sign (CUDA's a - b * q would give +0 there). Callers
+# take T.ieee_fdiv (CUDA's checked division) for chunks with any |x| >= 64 (or inf). The GPU tests
+# check silu and dsilu bit for bit for every finite bf16 x and 2^20 fp32 x over all binades.
 FAST_DIV_MAX_ABS_X = 64.0
 
 

@@ -3,15 +3,21 @@ input gradient, as a TileLang factory.
 
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
 arithmetic is the one written out in src/tilebake/torch/swiglu.py (the bit-exact reference):
-explicit __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn, so nvcc cannot contract anything into FMAs
-the eager torch reference does not do; exp is the accurate expf.
+explicit __fmul_rn/__fadd_rn/__fsub_rn, so nvcc cannot contract anything into FMAs the eager
+torch reference does not do; exp is the accurate expf. The divisions silu = x / den and
+sig = 1 / den (den = 1 + exp(-x)) share one reciprocal and are correctly rounded without CUDA's
+slow-path check and call when every |x| of a SUB-column chunk is < 64 (kernels_tl/quant/common.py),
+else __fdiv_rn. Clamp, topk weights, routed_scaling_factor, do_recompute and padding rows are
+uniform branches; the satfinite e4m3 cvt does the clamp to +-448.
 
 Mapping: one CTA of 64 threads per row. Paired loop (H % npc == 0, so the right half's SF
 groups line up with the left half's; always true for the plain variants and npc 32): in pass i
 thread tx owns left columns c = 16 * (i * 64 + tx) < H and right columns H + c. It loads
 x_left[c:c+16], x_right[c:c+16], act_x_grad[c:c+16] (and their input SFs) once, computes exp and
 silu once per pair, and writes d x_left, d x_right (and their e4m3 casts) and act_out; pass i + 1's
-vectors are loaded before pass i computes. The split loop (H % 128 == 64 with npc 128) is the
+vectors are loaded before pass i computes; the element math runs in chunks of SUB columns
+(register pressure). About 55 SASS instructions a pair on the bench's path (e4m3 x, bf16 grads,
+e4m3 copies), within the ~90 that 4.3 TB/s allows. The split loop (H % 128 == 64 with npc 128) is the
 original mapping: in pass i thread tx owns 16 columns c = 16 * (i * 64 + tx) of the 2H row, a left
 column giving d x_left[c], a right one d x_right[c - H], both reading x_left, x_right and act_x_grad
 at the same relative column. Either way `npc / 16` consecutive lanes share an output SF group and

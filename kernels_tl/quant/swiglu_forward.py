@@ -3,8 +3,15 @@
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
 arithmetic is the one written out in src/tilebake/torch/swiglu.py (its bit-exact reference):
 every multiply and add is an explicit __fmul_rn/__fadd_rn, so nvcc cannot contract them into
-FMAs that the eager torch reference does not do; exp is the accurate expf. The cast follows
-kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md).
+FMAs that the eager torch reference does not do; exp is the accurate expf. The division
+x / (1 + exp(-x)) is correctly rounded without CUDA's slow-path check and call when every |x| of a
+thread's 16 columns is < 64 (kernels_tl/quant/common.py div_rn_into; the rare other chunks take
+__fdiv_rn). The cast follows kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md);
+its satfinite cvt does the clamp to +-448.
+
+Per element (bf16 -> e4m3, no clamp) the hot path is about 30 SASS instructions (expf 8, the
+division 6, 3 multiplies, conversions, amax, cvt), within the ~35 that 4.3 TB/s allows. Clamp,
+topk weights, routed_scaling_factor and padding rows are uniform branches, not per-element selects.
 
 Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
 16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
@@ -30,10 +37,9 @@ from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 THREADS = 64
 VEC = 16  # output columns per thread per pass
-# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the serial
-# expf/division chains and the loads. bf16 x: 10 (96 registers on sm_90a instead of 126, at the
-# cost of ~14 values per pass kept in L1 stack slots across the divisions); fp32 x would spill
-# heavily under a cap, so it keeps the default 1.
+# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the loads.
+# bf16 x: 10 (96 registers on sm_90a, no spills); fp32 x keeps the default 1 (about 120
+# registers: 8 CTAs per SM anyway).
 MIN_CTAS_PER_SM = {"bf16": 10, "fp32": 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
 FLT_MAX = 3.4028234663852886e38
