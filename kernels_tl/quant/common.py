@@ -221,3 +221,66 @@ def sr_float32_to_e2m1_code(q, rbits):
     mag = T.shift_right(t + T.shift_left(rbits & T.uint32(0xFFFF), T.uint32(6)), T.uint32(22))
     sign = T.shift_right(T.reinterpret(q, "uint32"), T.uint32(28)) & T.uint32(8)
     return T.cast(mag | sign, "int32")
+
+
+@T.macro
+def psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment):
+    """valid[0] = 1 if `row` is an expert's slot of the psum layout, [align(psum[e-1]), psum[e])
+    for some e (psum[-1] taken as 0), else 0; always 1 without psum (use_psum == 0). A binary
+    search for the first e with psum[e] > row, search_steps = num_experts.bit_length() steps;
+    uniform per CTA when `row` is. `valid` is a T.alloc_local((1,), "int32")."""
+    lo = T.alloc_var("int32")
+    hi = T.alloc_var("int32")
+    valid[0] = 1
+    if use_psum != 0:
+        lo = 0
+        hi = num_experts
+        for _ in T.serial(search_steps):
+            if lo < hi:
+                if P[(lo + hi) >> 1] > row:
+                    hi = (lo + hi) >> 1
+                else:
+                    lo = ((lo + hi) >> 1) + 1
+        if lo >= num_experts:
+            valid[0] = 0
+        elif lo > 0:
+            if row < (P[lo - 1] + alignment - 1) // alignment * alignment:
+                valid[0] = 0
+
+
+# Correctly rounded fp32 division without a slow path, for SwiGLU's den = 1 + exp(-x) with
+# |x| < 64 (den in [1, 2^93)): the instruction sequence of CUDA's div.rn fast path (rcp.approx,
+# one Newton step on the reciprocal, one correction of the quotient), which CUDA uses whenever
+# its FCHK range check passes, i.e. while the quotient, reciprocal and remainder stay normal. Here
+# they do, except for a tiny numerator (|x| < 2^-24): then exp(-x) is within an ulp of 1, so den
+# rounds to exactly 2, and q = x * 0.5 is already the correctly rounded quotient (the remainder
+# is exact and the correction keeps q). The correction is written with the negated remainder,
+# b * q - a, so that a -0 numerator keeps its sign (CUDA's a - b * q would give +0 there). Callers
+# take T.ieee_fdiv (CUDA's checked division) for chunks with any |x| >= 64 (or inf). The GPU tests
+# check silu and dsilu bit for bit for every finite bf16 x and 2^20 fp32 x over all binades.
+FAST_DIV_MAX_ABS_X = 64.0
+
+
+@T.macro
+def reciprocal_into(r, b, n):
+    """r[j] = 1 / b[j] to within an ulp (rcp.approx.ftz + one Newton step), j < n."""
+    for j in T.unroll(n):
+        r[j] = T.fast_rcp(b[j])
+    for j in T.unroll(n):
+        r[j] = T.ieee_fmaf(r[j], T.ieee_fmaf(-b[j], r[j], T.float32(1)), r[j])
+
+
+@T.macro
+def div_rn_into(q, a, b, r, n):
+    """q[j] = a[j] / b[j] correctly rounded, r from reciprocal_into(r, b, n); see above for the range."""
+    for j in T.unroll(n):
+        q[j] = T.ieee_mul(a[j], r[j])
+    for j in T.unroll(n):
+        q[j] = T.ieee_fmaf(-r[j], T.ieee_fmaf(b[j], q[j], -a[j]), q[j])
+
+
+@T.macro
+def inv_rn_into(q, b, r, n):
+    """q[j] = 1 / b[j] correctly rounded (div_rn_into with a = 1), r from reciprocal_into(r, b, n)."""
+    for j in T.unroll(n):
+        q[j] = T.ieee_fmaf(-r[j], T.ieee_fmaf(b[j], r[j], T.float32(-1)), r[j])

@@ -3,8 +3,15 @@
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
 arithmetic is the one written out in src/tilebake/torch/swiglu.py (its bit-exact reference):
 every multiply and add is an explicit __fmul_rn/__fadd_rn, so nvcc cannot contract them into
-FMAs that the eager torch reference does not do; exp is the accurate expf. The cast follows
-kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md).
+FMAs that the eager torch reference does not do; exp is the accurate expf. The division
+x / (1 + exp(-x)) is correctly rounded without CUDA's slow-path check and call when every |x| of a
+thread's 16 columns is < 64 (kernels_tl/quant/common.py div_rn_into; the rare other chunks take
+__fdiv_rn). The cast follows kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md);
+its satfinite cvt does the clamp to +-448.
+
+Per element (bf16 -> e4m3, no clamp) the hot path is about 30 SASS instructions (expf 8, the
+division 6, 3 multiplies, conversions, amax, cvt), within the ~35 that 4.3 TB/s allows. Clamp,
+topk weights, routed_scaling_factor and padding rows are uniform branches, not per-element selects.
 
 Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
 16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
@@ -19,31 +26,24 @@ per row and written to a (num_tokens, 4) int32 buffer that the host sums (no ato
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import per_token_sf_buffer
+from kernels_tl.quant.common import (
+    FAST_DIV_MAX_ABS_X,
+    div_rn_into,
+    per_token_sf_buffer,
+    psum_row_valid,
+    reciprocal_into,
+)
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
 THREADS = 64
 VEC = 16  # output columns per thread per pass
-# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the serial
-# expf/division chains and the loads. bf16 x: 10 (96 registers on sm_90a instead of 126, at the
-# cost of ~14 values per pass kept in L1 stack slots across the divisions); fp32 x would spill
-# heavily under a cap, so it keeps the default 1.
+# CTAs per SM asked of ptxas (__launch_bounds__(64, n)): more resident warps hide the loads.
+# bf16 x: 10 (96 registers on sm_90a, no spills); fp32 x keeps the default 1 (about 120
+# registers: 8 CTAs per SM anyway).
 MIN_CTAS_PER_SM = {"bf16": 10, "fp32": 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
+FLT_MAX = 3.4028234663852886e38
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
-
-
-def swiglu_values(x_l, x_r, w, scale, clamp_value):
-    """(y, x_l > c, x_r > c, x_r < -c) for one element: the forward formula of torch/swiglu.py."""
-    l_hi = x_l > clamp_value
-    r_hi = x_r > clamp_value
-    r_lo = x_r < -clamp_value
-    lc = T.if_then_else(l_hi, clamp_value, x_l)
-    rc = T.if_then_else(r_hi, clamp_value, T.if_then_else(r_lo, -clamp_value, x_r))
-    den = T.ieee_add(T.float32(1), T.exp(-lc))
-    silu = T.ieee_fdiv(lc, den)
-    y = T.ieee_mul(T.ieee_mul(T.ieee_mul(silu, rc), w), scale)
-    return y, l_hi, r_hi, r_lo
 
 
 def build(v: SwigluForwardVariant):
@@ -87,25 +87,8 @@ def build(v: SwigluForwardVariant):
             T.assume(y_stride % 16 == 0)
             T.assume(hidden % 64 == 0)
             tx = T.get_thread_binding(0)
-            # Is this row an expert's slot, [align(psum[e-1]), psum[e]) for some e? Uniform per CTA.
-            valid = T.alloc_var("int32")
-            lo = T.alloc_var("int32")
-            hi = T.alloc_var("int32")
-            valid = 1
-            if use_psum != 0:
-                lo = 0
-                hi = num_experts
-                for _ in T.serial(search_steps):  # the first e with psum[e] > row
-                    if lo < hi:
-                        if P[(lo + hi) >> 1] > row:
-                            hi = (lo + hi) >> 1
-                        else:
-                            lo = ((lo + hi) >> 1) + 1
-                if lo >= num_experts:
-                    valid = 0
-                elif lo > 0:
-                    if row < (P[lo - 1] + alignment - 1) // alignment * alignment:
-                        valid = 0
+            valid = T.alloc_local((1,), "int32")  # is this row an expert's slot? uniform per CTA
+            psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment)
             w = T.alloc_var("float32")
             w = T.float32(1)
             if has_weights != 0:
@@ -115,13 +98,19 @@ def build(v: SwigluForwardVariant):
             nls = T.alloc_local((VEC,), in_dtype)  # the next pass's vectors, loaded before this pass computes
             nrs = T.alloc_local((VEC,), in_dtype)
             ys = T.alloc_local((VEC,), "float32")
+            xl = T.alloc_local((VEC,), "float32")  # x_left, x_right as fp32 (clamped when asked)
+            xr = T.alloc_local((VEC,), "float32")
+            den = T.alloc_local((VEC,), "float32")  # 1 + exp(-x_left)
+            rcp = T.alloc_local((VEC,), "float32")  # ~1 / den
+            silu = T.alloc_local((VEC,), "float32")
+            big = T.alloc_local((1,), "float32")
             outs = T.alloc_local((VEC,), out_dtype)
             counts = T.alloc_local((3,), "int32")
             red = T.alloc_shared((THREADS // 32, 3), "int32")
             for k in T.unroll(3):
                 counts[k] = 0
             # Pass 0's vectors (zeros for padding rows and columns past the row, as every pass).
-            if valid != 0 and tx * VEC < hidden:
+            if valid[0] != 0 and tx * VEC < hidden:
                 for j in T.vectorized(VEC):
                     nls[j] = X[row, tx * VEC + j]
                 for j in T.vectorized(VEC):
@@ -138,7 +127,7 @@ def build(v: SwigluForwardVariant):
                 for j in T.vectorized(VEC):
                     rs[j] = nrs[j]
                 # Prefetch pass i + 1 so its loads are in flight while pass i computes.
-                if valid != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
+                if valid[0] != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
                     for j in T.vectorized(VEC):
                         nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
                     for j in T.vectorized(VEC):
@@ -148,14 +137,41 @@ def build(v: SwigluForwardVariant):
                         nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
                         nrs[j] = T.cast(0, in_dtype)
-                for j in T.unroll(VEC):
-                    y, l_hi, r_hi, r_lo = swiglu_values(
-                        T.cast(ls[j], "float32"), T.cast(rs[j], "float32"), w, scale, clamp_value
-                    )
-                    ys[j] = T.if_then_else(valid != 0, y, T.float32(0))
-                    counts[0] += T.cast(l_hi, "int32")
-                    counts[1] += T.cast(r_hi, "int32")
-                    counts[2] += T.cast(r_lo, "int32")
+                if valid[0] != 0:
+                    for j in T.unroll(VEC):
+                        xl[j] = T.cast(ls[j], "float32")
+                        xr[j] = T.cast(rs[j], "float32")
+                    if clamp_value <= FLT_MAX:  # uniform: without a clamp (inf) no element is clamped
+                        for j in T.unroll(VEC):
+                            counts[0] += T.if_then_else(xl[j] > clamp_value, 1, 0)
+                            counts[1] += T.if_then_else(xr[j] > clamp_value, 1, 0)
+                            counts[2] += T.if_then_else(xr[j] < -clamp_value, 1, 0)
+                            xl[j] = T.if_then_else(xl[j] > clamp_value, clamp_value, xl[j])
+                            xr[j] = T.if_then_else(xr[j] > clamp_value, clamp_value, xr[j])
+                            xr[j] = T.if_then_else(xr[j] < -clamp_value, -clamp_value, xr[j])
+                    big[0] = T.float32(0)  # max |x_left'| (NaN ignored: it propagates through either path)
+                    for j in T.unroll(VEC):
+                        den[j] = T.ieee_add(T.float32(1), T.exp(-xl[j]))
+                        big[0] = T.max(big[0], T.abs(xl[j]))
+                    if big[0] < T.float32(FAST_DIV_MAX_ABS_X):
+                        reciprocal_into(rcp, den, VEC)
+                        div_rn_into(silu, xl, den, rcp, VEC)
+                    else:  # rare (|x| >= 64, inf): the division with CUDA's slow path
+                        for j in T.unroll(VEC):
+                            silu[j] = T.ieee_fdiv(xl[j], den[j])
+                    # (silu * x_right') * w * s; a factor of 1 (not given) is skipped: ys is already the
+                    # result of a multiply (NaNs canonical), so * 1 would not change a bit.
+                    for j in T.unroll(VEC):
+                        ys[j] = T.ieee_mul(silu[j], xr[j])
+                    if has_weights != 0:
+                        for j in T.unroll(VEC):
+                            ys[j] = T.ieee_mul(ys[j], w)
+                    if scale != T.float32(1):
+                        for j in T.unroll(VEC):
+                            ys[j] = T.ieee_mul(ys[j], scale)
+                else:
+                    for j in T.unroll(VEC):
+                        ys[j] = T.float32(0)
                 if quantize:
                     group = col // npc
                     amax = T.alloc_var("float32")
@@ -180,7 +196,7 @@ def build(v: SwigluForwardVariant):
                             T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
                         )
                     for j in T.vectorized(VEC):
-                        outs[j] = T.cast(T.clamp(ys[j] * inv, -fmt_max, fmt_max), out_dtype)
+                        outs[j] = T.cast(ys[j] * inv, out_dtype)  # the satfinite cvt clamps to +-448 (NaN stays NaN)
                 else:
                     for j in T.vectorized(VEC):
                         outs[j] = T.cast(ys[j], out_dtype)
@@ -199,6 +215,6 @@ def build(v: SwigluForwardVariant):
                 if tx == 0:
                     for k in T.unroll(3):
                         C[row, k] = red[0, k] + red[1, k]
-                    C[row, 3] = valid * hidden
+                    C[row, 3] = valid[0] * hidden
 
     return swiglu_forward_kernel

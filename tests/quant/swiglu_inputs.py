@@ -44,3 +44,27 @@ def poison_allocator(device, nbytes=1 << 30):
     for block in blocks:
         poison_(block)
     del blocks
+
+
+def division_domain_x(dtype, device, hidden=1024):
+    """(rows, 2 * hidden) x for the exactness of silu = x / (1 + exp(-x)) and sig = 1 / (1 + exp(-x)),
+    which the kernels divide without CUDA's slow path when every |x| of a thread's chunk is < 64.
+    x_left: bf16 -- every finite bf16 bit pattern, in bit order (so most 16-element chunks share one
+    binade and take the fast path; inf/NaN patterns become 0); fp32 -- 2^20 values log-uniform over
+    2^-140 .. 2^7 (subnormals included) of both signs, +-0 mixed in. x_right = 1 and a unit
+    act_x_grad make y = silu, d x_right = silu and d x_left = dsilu exactly."""
+    if dtype == torch.bfloat16:
+        bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+        left = bits.view(torch.bfloat16).float()
+        left[~torch.isfinite(left)] = 0
+    else:
+        g = torch.Generator().manual_seed(3)
+        n = 1 << 20
+        mag = torch.exp2(torch.rand(n, generator=g, dtype=torch.float64) * 147 - 140)
+        sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+        left = (mag * sign).float()
+        left[::997] = 0.0
+        left[1::997] = -0.0
+    left = left.reshape(-1, hidden)
+    x = torch.cat([left, torch.ones_like(left)], dim=1).to(dtype)
+    return x.to(device)

@@ -10,7 +10,7 @@ import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal
-from tests.quant.swiglu_inputs import make_x, poison_allocator, psum_layout, random_counts
+from tests.quant.swiglu_inputs import division_domain_x, make_x, poison_allocator, psum_layout, random_counts
 
 F = tilebake.quant
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -272,6 +272,17 @@ def test_gpu_each_option_alone(cast, options):
     else:
         x = make_x(rows, 2 * hidden + 64, torch.bfloat16, "cuda")[:, : 2 * hidden]
         check(x, g, "bf16", **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gpu_exact_over_the_division_domain(dtype):
+    """d x_left = dsilu(x_left) and d x_right = silu(x_left) bit for bit (x_right = 1, act_x_grad = 1)
+    for every finite bf16 x_left, or 2^20 fp32 values over all binades: the kernel's divisions
+    (silu and sig = 1 / den) without a slow path (|x| < 64) and their fallback."""
+    x = division_domain_x(DTYPES[dtype], "cuda")
+    g = torch.ones(x.shape[0], x.shape[1] // 2, dtype=DTYPES[dtype], device="cuda")
+    check(x, g, "fp32")
 
 
 @pytest.mark.gpu

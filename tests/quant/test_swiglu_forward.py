@@ -9,7 +9,7 @@ import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal
-from tests.quant.swiglu_inputs import make_x, poison_allocator, psum_layout, random_counts
+from tests.quant.swiglu_inputs import division_domain_x, make_x, poison_allocator, psum_layout, random_counts
 
 F = tilebake.quant
 
@@ -210,6 +210,14 @@ def test_gpu_each_option_alone(options, fmt, npc, sf_mode, col):
         clamp=0.5 if options == "clamp" else None,
     )
     check(x, fmt, npc, sf_mode=sf_mode, col=col, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_silu_exact_over_the_division_domain(dtype):
+    """y = silu(x_left) bit for bit (x_right = 1) for every finite bf16 x_left, or 2^20 fp32 values
+    over all binades: the kernel's division without a slow path (|x| < 64) and its fallback."""
+    check(division_domain_x(dtype, "cuda"), "fp32")
 
 
 @pytest.mark.gpu
