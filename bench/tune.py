@@ -25,6 +25,7 @@ def _variants(op):
         "per_token_cast": [
             dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="fp32"),
             dict(in_dtype="bf16", fmt="e2m1", num_per_channels=16, sf_mode="rne"),
+            dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="runtime"),  # timed with SR on
         ],
         "cast_back": [
             dict(in_fmt="e4m3", out_dtype="bf16", sf_kind="fp32", per_channel=False),
@@ -109,6 +110,32 @@ def _setup(op, key, t, h):
                 )
             ),
             t * h * 2 + t * h // 2 + t * (h // 16),
+        )
+    if op == "per_token_cast" and key["sf_mode"] == "runtime":  # bf16 -> e4m3 1x128 fp32 SF, stochastic rounding
+
+        def make():
+            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            return (
+                x,
+                torch.empty(t, h, dtype=torch.float8_e4m3fn, device="cuda"),
+                torch.empty(t, h // 128, device="cuda"),
+            )
+
+        def values(x, y, s):
+            return dict(X=x.data_ptr(), Y=y.data_ptr(), S=s.data_ptr(), SB=s.data_ptr(), SE=s.data_ptr(),
+                        amax_clamp=1e-4, sf_mode=0, store_data=1, stochastic=1, num_tokens=t, hidden=h, x_stride=h,
+                        y_stride=h, sf_stride_t=h // 128, sf_stride_g=1)  # fmt: skip
+
+        def expected(x, y, s):
+            data, sf = tilebake.quant.per_token_cast(x, "e4m3", 128, stochastic_cast=True)
+            return torch.cat([data.view(torch.uint8).flatten(), sf.view(torch.uint8).flatten()])
+
+        return (
+            make,
+            values,
+            (lambda x, y, s: torch.cat([y.view(torch.uint8).flatten(), s.view(torch.uint8).flatten()])),
+            expected,
+            t * h * 3 + t * (h // 128) * 4,
         )
     if op == "per_token_cast":
 

@@ -78,6 +78,22 @@ def test_unbuilt_variant_lists_the_closest():
     )
 
 
+def test_closest_variants_come_from_the_wheel(monkeypatch):
+    """A wheel built without a variant (a partial build) names only variants it holds, never the
+    missing one itself, and says so when it holds none of the op."""
+    wanted = PerTokenCastVariant("bf16", "e4m3", 128, "fp32")
+    kept = PerTokenCastVariant("bf16", "e4m3", 32, "fp32")
+    partial = {"kernels": {kept.id: {}}}
+    monkeypatch.setattr(loader, "manifest", lambda: partial)
+    with pytest.raises(VariantNotBuiltError) as info:
+        loader.Kernel(wanted, ARGS)
+    listed = str(info.value).split("closest built variants:")[1].split()
+    assert listed == [kept.id]
+    partial["kernels"] = {}
+    with pytest.raises(VariantNotBuiltError, match="nor any other per_token_cast variant"):
+        loader.Kernel(wanted, ARGS)
+
+
 def test_parameter_mismatch_is_reported(fake_device):
     fake_device("sm_90a")
     with pytest.raises(CorruptArtifactError, match="takes parameters"):

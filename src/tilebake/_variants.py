@@ -32,11 +32,13 @@ class Variant:
         raise NotImplementedError(f"{cls.__name__} must enumerate its built variants")
 
     @classmethod
-    def closest(cls, wanted: Variant, limit: int = 4) -> list[str]:
-        """Built variants differing from `wanted` in the fewest fields, for error messages."""
+    def closest(cls, wanted: Variant, limit: int = 4, built=None) -> list[str]:
+        """Variants differing from `wanted` in the fewest fields, for error messages: among the
+        declared ones (cls.all()), or only those whose ids are in `built` (what a wheel holds)."""
         names = [f.name for f in dataclasses.fields(cls)]
 
         def distance(v: Variant) -> int:
             return sum(getattr(v, n) != getattr(wanted, n) for n in names)
 
-        return [v.id for v in sorted(cls.all(), key=distance)[:limit]]
+        candidates = [v for v in cls.all() if built is None or v.id in built]
+        return [v.id for v in sorted(candidates, key=distance)[:limit]]

@@ -106,11 +106,16 @@ class Kernel:
     def __init__(self, variant, arg_names: tuple[str, ...]):
         self.variant = variant
         self.arg_names = arg_names
-        entries = manifest()["kernels"].get(variant.id)
+        built = manifest()["kernels"]
+        entries = built.get(variant.id)
         if entries is None:
-            closest = "\n  ".join(type(variant).closest(variant))
+            closest = type(variant).closest(variant, built=built)
+            if not closest:
+                raise VariantNotBuiltError(
+                    f"{variant.id} is not built into this wheel, nor any other {variant.op} variant"
+                )
             raise VariantNotBuiltError(
-                f"{variant.id} is not built into this wheel; the closest built variants:\n  {closest}"
+                f"{variant.id} is not built into this wheel; the closest built variants:\n  " + "\n  ".join(closest)
             )
         self._entries = entries
         self._per_device: dict[int, tuple] = {}
