@@ -19,6 +19,33 @@ def per_token_sf_buffer(num_tokens, hidden, num_per_channels: int, packed_ue8m0:
     return (num_tokens, num_groups), (sf_stride_t, sf_stride_g), "float32"
 
 
+def pow2_scale_exponent(c, fmt_max: float):
+    """round_sf (numerics.md): the exponent e of the power-of-two SF 2^e >= c / fmt_max, from the
+    fp32 bits of s = c * (1 / fmt_max): e = ((bits(s) - 1) >> 23) + 1 - 127 (int32)."""
+    return ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+
+
+def pow2_inverse(e):
+    """2^-e as fp32, built from its bits; 0 for e >= 127, i.e. for a block holding inf (e = 128),
+    as the references give (x * 0 -> NaN for the inf itself)."""
+    return T.reinterpret(T.max(127 - e, 0) << 23, "float32")
+
+
+def pow2_sf(e):
+    """The power-of-two SF 2^e as fp32, from its bits (e = 128, a block holding inf, gives inf)."""
+    return T.reinterpret((e + 127) << 23, "float32")
+
+
+@T.macro
+def store_ue8m0_sf(SB, row, group, num_groups, e):
+    """The group's SF as a UE8M0 byte e + 127 in SB[row, word, byte] (4 groups a word); the last
+    group zero-fills the rest of its word, so a packed row holds no stale bytes."""
+    SB[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
+    if group == num_groups - 1:
+        for k in T.serial(3 - group % 4):
+            SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+
+
 def e2m1_code(q):
     """fp32 q -> its e2m1 code (int32 0..15) per numerics.md step 4, in 7 ALU instructions:
     the package's only e2m1 encoder (tilebake.torch.cast.e2m1_encode is its reference).

@@ -28,6 +28,7 @@ import dataclasses
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent, pow2_sf
 from tilebake.quant.norm_forward import MAX_HIDDEN  # the host's limit on hidden
 
 FMT_MAX = 448.0
@@ -259,10 +260,10 @@ def build_norm_forward(
                         for s in T.unroll(lanes.bit_length() - 1):
                             amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                         c = T.max(amax, amax_clamp)
-                        e = ((T.reinterpret(c * T.float32(1.0 / FMT_MAX), "int32") - 1) >> 23) + 1 - 127
+                        e = pow2_scale_exponent(c, FMT_MAX)
                         inv = T.alloc_var("float32")
                         if round_sf != 0:
-                            inv = T.reinterpret((127 - e) << 23, "float32")
+                            inv = pow2_inverse(e)
                         else:
                             inv = T.float32(FMT_MAX) / c
                         for j in T.unroll(VEC):
@@ -284,7 +285,7 @@ def build_norm_forward(
                                         for k in T.serial(3 - group % 4):
                                             SP[bi, ti, group // 4, group % 4 + 1 + k] = T.uint8(0)
                                 elif round_sf != 0:
-                                    S[bi, ti, group] = T.reinterpret((e + 127) << 23, "float32")
+                                    S[bi, ti, group] = pow2_sf(e)
                                 else:
                                     S[bi, ti, group] = c / T.float32(FMT_MAX)
                                 if mega_block_m != 0:

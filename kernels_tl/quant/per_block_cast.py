@@ -23,7 +23,7 @@ row-major / TMA-aligned column-major SF share one binary.
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_code
+from kernels_tl.quant.common import e2m1_code, pow2_inverse, pow2_scale_exponent
 from tilebake.quant.per_block_cast import PerBlockCastVariant
 
 THREADS = 256
@@ -117,7 +117,7 @@ def build(v: PerBlockCastVariant):
             for r in T.unroll(ROWS_PER_PASS):
                 amax = T.max(amax, red[r, g_local])
             c = T.max(amax, amax_clamp)
-            e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
+            e = pow2_scale_exponent(c, fmt_max)
             inv = T.alloc_var("float32")
             sf_off = T.alloc_var("int32")
             if packed_sf != 0:
@@ -137,7 +137,7 @@ def build(v: PerBlockCastVariant):
                 else:
                     inv = T.float32(0)
             elif round_sf != 0:
-                inv = T.reinterpret(T.shift_left(T.clamp(127 - e, 0, 255), 23), "float32")
+                inv = pow2_inverse(e)
             else:
                 inv = T.float32(fmt_max) / c
             # One thread per block writes its SF: lane 0 of the pass's first row.

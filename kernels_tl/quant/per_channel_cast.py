@@ -23,6 +23,7 @@ SF's layout (fp32 or packed UE8M0, any byte strides) and num_per_channels.
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent
 from tilebake.quant.per_channel_cast import PerChannelCastVariant
 
 THREADS = 128
@@ -156,7 +157,7 @@ def build(v: PerChannelCastVariant):
                 for w in T.unroll(1, WARPS):
                     m = T.max(m, red[w, tx])
                 c = T.max(m, amax_clamp)
-                e = ((T.reinterpret(c * T.float32(1.0 / FMT_MAX), "int32") - 1) >> 23) + 1 - 127
+                e = pow2_scale_exponent(c, FMT_MAX)
                 if packed_sf != 0:
                     S8[bx // 4, by * cols_per_cta + tx, bx % 4] = T.cast(e + 127, "uint8")
                     # The last row block zero-fills the rest of its 4-byte word.
@@ -174,8 +175,8 @@ def build(v: PerChannelCastVariant):
             for j in T.unroll(VEC):
                 c = T.max(amax[j], amax_clamp)
                 if round_sf != 0:
-                    e = ((T.reinterpret(c * T.float32(1.0 / FMT_MAX), "int32") - 1) >> 23) + 1 - 127
-                    inv[j] = T.reinterpret(T.shift_left(T.clamp(127 - e, 0, 255), 23), "float32")
+                    e = pow2_scale_exponent(c, FMT_MAX)
+                    inv[j] = pow2_inverse(e)
                 else:
                     inv[j] = T.float32(FMT_MAX) / c
             # e4m3_rne(clamp(q, -448, 448)) is the saturating (satfinite) cast of q itself: the same

@@ -23,12 +23,17 @@ from kernels_tl.quant.common import (
     e2m1_code,
     e2m1_value,
     per_token_sf_buffer,
+    pow2_inverse,
+    pow2_scale_exponent,
+    pow2_sf,
     sr_e4m3_prescale,
     sr_float32_to_e2m1_code,
     sr_float32_to_e4m3_value,
     sr_pair_word,
     sr_random_pair_into,
     sr_scaled_to_e4m3_value,
+    store_ue8m0_sf,
+    ue8m0_to_float32,
 )
 from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf_kind, shared with the host
     SF_E4M3,
@@ -64,6 +69,24 @@ def candidate_configs():
         for r in (1, 2, 4)
         if tpr <= t
     ]
+
+
+@T.macro
+def load_row_tiles(xs, X, bx, by, tx, col, num_tokens, hidden, cfg, x_vec, x_cols_per_cta):
+    """xs[u, :] = this thread's x_vec storage elements (one 16-byte vector) of row
+    bx * rows_per_cta + u * rows_per_pass + tx // threads_per_row, for u < rows_per_thread, all
+    issued before any is used; zeros where the row or the logical column `col` is outside X.
+    x_cols_per_cta: the CTA's columns in storage elements."""
+    rows_per_pass = cfg.threads // cfg.threads_per_row
+    for u in T.unroll(cfg.rows_per_thread):
+        row = bx * (rows_per_pass * cfg.rows_per_thread) + u * rows_per_pass + tx // cfg.threads_per_row
+        if row < num_tokens and col < hidden:
+            for j in T.vectorized(x_vec):
+                # The column spelled out: the vectorizer must see that it is a multiple of x_vec.
+                xs[u, j] = X[row, by * x_cols_per_cta + (tx % cfg.threads_per_row) * x_vec + j]
+        else:
+            for j in T.vectorized(x_vec):
+                xs[u, j] = T.cast(0, xs.dtype)
 
 
 # Every access is guarded per 16-byte vector below; TileLang's per-element guards
@@ -122,16 +145,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
             group = col // npc
             xs = T.alloc_local((ROWS_PER_THREAD, vec), in_dtype)
             ys = T.alloc_local((vec,), "float8_e4m3fn")
-            for u in T.unroll(ROWS_PER_THREAD):
-                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
-                if row < num_tokens and col < hidden:
-                    for j in T.vectorized(vec):
-                        xs[u, j] = X[
-                            row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j
-                        ]  # col, spelled out: the vectorizer must see it is a multiple of vec
-                else:
-                    for j in T.vectorized(vec):
-                        xs[u, j] = T.cast(0, in_dtype)
+            load_row_tiles(xs, X, bx, by, tx, col, num_tokens, hidden, cfg, vec, cols_per_cta)
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 amax = T.alloc_var("float32")
@@ -141,20 +155,14 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                 for s in T.unroll(lanes.bit_length() - 1):
                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                 c = T.max(amax, amax_clamp)
-                # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
-                # inf gets e = 128, whose inverse clamps to 0 (as the reference).
-                e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32") if round_sf else T.float32(fmt_max) / c
+                e = pow2_scale_exponent(c, fmt_max)
+                inv = pow2_inverse(e) if round_sf else T.float32(fmt_max) / c
                 owner = row < num_tokens and col < hidden and (tx % lanes) == 0
                 if packed_ue8m0:
                     if owner:
-                        S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                        # The last group zero-fills the rest of its 4-byte word.
-                        if group == num_groups - 1:
-                            for k in T.serial(3 - group % 4):
-                                S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                        store_ue8m0_sf(S, row, group, num_groups, e)
                 elif owner:
-                    S[row, group] = T.reinterpret((e + 127) << 23, "float32") if round_sf else c / T.float32(fmt_max)
+                    S[row, group] = pow2_sf(e) if round_sf else c / T.float32(fmt_max)
                 for j in T.vectorized(vec):
                     ys[j] = T.cast(T.clamp(T.cast(xs[u, j], "float32") * inv, -fmt_max, fmt_max), "float8_e4m3fn")
                 if row < num_tokens and col < hidden:
@@ -162,6 +170,31 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
                         Y[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j] = ys[j]
 
     return per_token_cast_kernel
+
+
+@T.macro
+def group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups):
+    """The runtime SF modes (SF_PLAIN / SF_E4M3 / SF_ROUND / SF_UE8M0) of a group whose clamped
+    amax is c: inv[0] = the multiplier onto the format's grid (`inv` a T.alloc_local((1,),
+    "float32")), and the owner lane stores the SF (S fp32, SB packed bytes, SE e4m3 views)."""
+    if sf_mode == SF_PLAIN:
+        inv[0] = T.float32(fmt_max) / c
+        if owner:
+            S[row, group] = c / T.float32(fmt_max)
+    elif sf_mode == SF_E4M3:
+        # Saturating like the reference (c / fmt_max > 448 becomes 448, never NaN).
+        sfe = T.cast(T.min(c / T.float32(fmt_max), T.float32(448)), "float8_e4m3fn")
+        inv[0] = T.float32(1) / T.cast(sfe, "float32")
+        if owner:
+            SE[row, group] = sfe
+    else:
+        e = pow2_scale_exponent(c, fmt_max)
+        inv[0] = pow2_inverse(e)
+        if sf_mode == SF_ROUND:
+            if owner:
+                S[row, group] = pow2_sf(e)
+        elif owner:
+            store_ue8m0_sf(SB, row, group, num_groups, e)
 
 
 # The runtime-option kernel (always 16 elements a thread); tuned with stochastic rounding on.
@@ -244,14 +277,7 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
             qs = T.alloc_local((vec,), "float32")
             codes = T.alloc_local((vec,), "int32")
             h = T.alloc_local((1,), "uint32")
-            for u in T.unroll(ROWS_PER_THREAD):
-                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
-                if row < num_tokens and col < hidden:
-                    for j in T.vectorized(in_vec):
-                        xs[u, j] = X[row, by * (cols_per_cta * in_vec // vec) + (tx % THREADS_PER_ROW) * in_vec + j]
-                else:
-                    for j in T.vectorized(in_vec):
-                        xs[u, j] = T.cast(0, in_dtype)
+            load_row_tiles(xs, X, bx, by, tx, col, num_tokens, hidden, cfg, in_vec, cols_per_cta * in_vec // vec)
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 valid = row < num_tokens and col < hidden
@@ -272,9 +298,8 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
                         if x_sf_kind == X_SF_FP32:
                             x_sf = XS[xr, xg]
                         elif x_sf_kind == X_SF_UE8M0:
-                            byte = T.cast(XSB[xr, xg // 4, xg % 4], "int32")
-                            # Byte 0 is 2^-127, a subnormal (numerics: UE8M0 b -> 2^(b - 127)).
-                            x_sf = T.reinterpret(T.if_then_else(byte == 0, 1 << 22, byte << 23), "float32")
+                            byte = XSB[xr, xg // 4, xg % 4]  # a register: the builder uses it twice
+                            x_sf = ue8m0_to_float32(byte)
                         else:
                             x_sf = T.cast(XSE[xr, xg], "float32")
                 amax = T.alloc_var("float32")
@@ -285,39 +310,17 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                 c = T.max(amax, amax_clamp)
                 owner = valid and (tx % lanes) == 0
-                inv = T.alloc_var("float32")
-                if sf_mode == SF_PLAIN:
-                    inv = T.float32(fmt_max) / c
-                    if owner:
-                        S[row, group] = c / T.float32(fmt_max)
-                elif sf_mode == SF_E4M3:
-                    # Saturating like the reference (c / fmt_max > 448 becomes 448, never NaN).
-                    sfe = T.cast(T.min(c / T.float32(fmt_max), T.float32(448)), "float8_e4m3fn")
-                    inv = T.float32(1) / T.cast(sfe, "float32")
-                    if owner:
-                        SE[row, group] = sfe
-                elif sf_mode == SF_PRECOMPUTED:
-                    inv = T.float32(1)
+                inv = T.alloc_local((1,), "float32")
+                if sf_mode == SF_PRECOMPUTED:
+                    inv[0] = T.float32(1)
                     if valid:
-                        inv = T.float32(1) / S[row, group]
+                        inv[0] = T.float32(1) / S[row, group]
                 else:
-                    # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
-                    # inf gets e = 128, whose inverse clamps to 0 (as the reference).
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32")
-                    if sf_mode == SF_ROUND:
-                        if owner:
-                            S[row, group] = T.reinterpret((e + 127) << 23, "float32")
-                    elif owner:
-                        SB[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                        # The last group zero-fills the rest of its 4-byte word.
-                        if group == num_groups - 1:
-                            for k in T.serial(3 - group % 4):
-                                SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                    group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
                 if store_data != 0 and valid:
                     # A quantized input multiplies the scales first (numerics: re-quantizing).
                     scale = T.alloc_var("float32")
-                    scale = x_sf * inv if quantized else inv
+                    scale = x_sf * inv[0] if quantized else inv[0]
                     if stochastic != 0:
                         # One hash per pair of elements (flat indices 2p, 2p + 1), 16 random bits each:
                         # p = (row * H + col) / 2 mod 2^31 + jp (col and H are multiples of 16, so no
@@ -477,14 +480,7 @@ def build_e2m1_rne(v: PerTokenCastVariant, cfg: LaunchConfig = E2M1_CONFIG):
             group = col // npc
             xs = T.alloc_local((ROWS_PER_THREAD, vec), in_dtype)
             ys = T.alloc_local((out_vec,), "uint8")
-            for u in T.unroll(ROWS_PER_THREAD):
-                row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
-                if row < num_tokens and col < hidden:
-                    for j in T.vectorized(vec):
-                        xs[u, j] = X[row, by * cols_per_cta + (tx % THREADS_PER_ROW) * vec + j]
-                else:
-                    for j in T.vectorized(vec):
-                        xs[u, j] = T.cast(0, in_dtype)
+            load_row_tiles(xs, X, bx, by, tx, col, num_tokens, hidden, cfg, vec, cols_per_cta)
             for u in T.unroll(ROWS_PER_THREAD):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // THREADS_PER_ROW
                 valid = row < num_tokens and col < hidden
@@ -496,36 +492,13 @@ def build_e2m1_rne(v: PerTokenCastVariant, cfg: LaunchConfig = E2M1_CONFIG):
                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                 c = T.max(amax, amax_clamp)
                 owner = valid and (tx % lanes) == 0
-                inv = T.alloc_var("float32")
-                if sf_mode == SF_PLAIN:
-                    inv = T.float32(fmt_max) / c
-                    if owner:
-                        S[row, group] = c / T.float32(fmt_max)
-                elif sf_mode == SF_E4M3:
-                    # Saturating like the reference (c / fmt_max > 448 becomes 448, never NaN).
-                    sfe = T.cast(T.min(c / T.float32(fmt_max), T.float32(448)), "float8_e4m3fn")
-                    inv = T.float32(1) / T.cast(sfe, "float32")
-                    if owner:
-                        SE[row, group] = sfe
-                else:
-                    # round_sf: the power-of-two exponent of the scale, rounded up; a block holding
-                    # inf gets e = 128, whose inverse clamps to 0 (as the reference).
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret(T.max(127 - e, 0) << 23, "float32")
-                    if sf_mode == SF_ROUND:
-                        if owner:
-                            S[row, group] = T.reinterpret((e + 127) << 23, "float32")
-                    elif owner:
-                        SB[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                        # The last group zero-fills the rest of its 4-byte word.
-                        if group == num_groups - 1:
-                            for k in T.serial(3 - group % 4):
-                                SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                inv = T.alloc_local((1,), "float32")
+                group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
                 if valid:
                     for j in T.unroll(out_vec):
                         ys[j] = T.cast(
-                            e2m1_code(T.cast(xs[u, 2 * j], "float32") * inv)
-                            | T.shift_left(e2m1_code(T.cast(xs[u, 2 * j + 1], "float32") * inv), 4),
+                            e2m1_code(T.cast(xs[u, 2 * j], "float32") * inv[0])
+                            | T.shift_left(e2m1_code(T.cast(xs[u, 2 * j + 1], "float32") * inv[0]), 4),
                             "uint8",
                         )
                     for j in T.vectorized(out_vec):

@@ -14,7 +14,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_code, e2m1_decode_float32
+from kernels_tl.quant.common import e2m1_code, e2m1_decode_float32, pow2_inverse, pow2_scale_exponent, pow2_sf
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
 
 
@@ -101,11 +101,10 @@ def build(v: PerTokenCastAndCastBackVariant, cfg: LaunchConfig = DEFAULT_CONFIG)
                 sf = T.alloc_var("float32")
                 inv = T.alloc_var("float32")
                 if round_sf != 0:
-                    # e = exponent of c * (1/fmt_max) rounded up; the biased exponents are clamped to
-                    # [0, 255] like the reference's bit construction.
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    sf = T.reinterpret(T.min(T.max(e + 127, 0), 255) << 23, "float32")
-                    inv = T.reinterpret(T.min(T.max(127 - e, 0), 255) << 23, "float32")
+                    # e = the exponent of c * (1/fmt_max), rounded up (e + 127 lies in [0, 255]).
+                    e = pow2_scale_exponent(c, fmt_max)
+                    sf = pow2_sf(e)
+                    inv = pow2_inverse(e)
                 elif use_e4m3_sf != 0:
                     sf = T.cast(T.cast(T.min(c / T.float32(fmt_max), T.float32(448)), "float8_e4m3fn"), "float32")
                     inv = T.float32(1) / sf

@@ -30,8 +30,12 @@ from kernels_tl.quant.common import (
     FAST_DIV_MAX_ABS_X,
     div_rn_into,
     per_token_sf_buffer,
+    pow2_inverse,
+    pow2_scale_exponent,
+    pow2_sf,
     psum_row_valid,
     reciprocal_into,
+    store_ue8m0_sf,
 )
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
@@ -181,20 +185,14 @@ def build(v: SwigluForwardVariant):
                     for s in T.unroll(lanes.bit_length() - 1):
                         amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
                     c = T.max(amax, amax_clamp)
-                    e = ((T.reinterpret(c * T.float32(1.0 / fmt_max), "int32") - 1) >> 23) + 1 - 127
-                    inv = T.reinterpret((127 - e) << 23, "float32") if v.round_sf else T.float32(fmt_max) / c
+                    e = pow2_scale_exponent(c, fmt_max)
+                    inv = pow2_inverse(e) if v.round_sf else T.float32(fmt_max) / c
                     owner = col < hidden and (tx % lanes) == 0
                     if v.packed_ue8m0:
                         if owner:
-                            S[row, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                            # The last group zero-fills the rest of its 4-byte word.
-                            if group == num_groups - 1:
-                                for k in T.serial(3 - group % 4):
-                                    S[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+                            store_ue8m0_sf(S, row, group, num_groups, e)
                     elif owner:
-                        S[row, group] = (
-                            T.reinterpret((e + 127) << 23, "float32") if v.round_sf else c / T.float32(fmt_max)
-                        )
+                        S[row, group] = pow2_sf(e) if v.round_sf else c / T.float32(fmt_max)
                     for j in T.vectorized(VEC):
                         outs[j] = T.cast(ys[j] * inv, out_dtype)  # the satfinite cvt clamps to +-448 (NaN stays NaN)
                 else:

@@ -220,6 +220,35 @@ def test_gpu_silu_exact_over_the_division_domain(dtype):
     check(division_domain_x(dtype, "cuda"), "fp32")
 
 
+def infinite_group_x(device):
+    """Rows whose SwiGLU output holds +inf, -inf or both in one group (x_right = +-inf next to
+    a positive x_left), and a clean row."""
+    x = make_x(4, 2 * 256, torch.float32, device)
+    x[:, :256] = x[:, :256].abs() + 1  # silu > 0: the products keep the sign of x_right
+    x[1, 256 + 3] = math.inf
+    x[2, 256 + 200] = -math.inf
+    x[3, 256 + 5], x[3, 256 + 6] = math.inf, -math.inf
+    return x
+
+
+def test_cpu_infinite_group_contract():
+    """The reference's contract for a group holding inf (as tilebake.torch.cast's): its SF is
+    inf and its inverse 0, so the inf itself becomes NaN and the group's finite values +-0."""
+    for round_sf in (False, True):
+        data, sf = F.swiglu_forward_and_per_token_cast(infinite_group_x("cpu"), "e4m3", 128, round_sf=round_sf)
+        group = data[1, :128].float()
+        assert sf[1, 0] == math.inf and torch.isfinite(sf[1, 1])
+        assert group[3].isnan() and (group[torch.arange(128) != 3] == 0).all()
+        assert torch.isfinite(sf[0]).all() and not data[0].float().isnan().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS[2:], ids=FORMAT_IDS[2:])
+def test_gpu_infinite_group(fmt, npc, sf_mode, col):
+    """Data and SF bytes equal the reference's where a group's output holds inf."""
+    check(infinite_group_x("cuda"), fmt, npc, sf_mode=sf_mode, col=col)
+
+
 @pytest.mark.gpu
 def test_gpu_token_alignment_is_runtime():
     tilebake.config.set_token_alignment(64)
