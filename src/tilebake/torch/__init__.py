@@ -3,9 +3,12 @@
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
 from .fake_quant import per_token_cast_and_cast_back_ref
+from .moe import normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
+from .rope import rotary_embedding_ref
 from .stochastic import stochastic_cast
 from .swiglu import get_mapping_from_psum, swiglu_backward, swiglu_forward
+from .topk import grouped_topk, stable_topk
 from .weight_sf import batched_transpose_weight_sf
 
 __all__ = [
@@ -13,10 +16,14 @@ __all__ = [
     "cast",
     "cast_back",
     "get_mapping_from_psum",
+    "grouped_topk",
     "norm_backward_ref",
     "norm_forward_ref",
+    "normalize_weight",
     "per_block_cast_lossless",
     "per_token_cast_and_cast_back_ref",
+    "rotary_embedding_ref",
+    "stable_topk",
     "stochastic_cast",
     "swiglu_backward",
     "swiglu_forward",

@@ -1,0 +1,71 @@
+"""tilebake.torch.rotary_embedding_ref against a complex-number rotation in float64, and its
+inverse (conjugate), layouts and argument checks."""
+
+import pytest
+import torch
+
+from tilebake.torch import rotary_embedding_ref
+
+
+def cache(max_pos: int, rot: int, base: float = 10000.0) -> torch.Tensor:
+    freqs = base ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=1).float()
+
+
+def complex_rotation(x, cos_sin, rows, interleaved):
+    """x (T, H, rot) rotated by e^{i angle} as complex numbers, float64."""
+    rot = x.shape[-1]
+    xd = x.double()
+    pairs = (
+        torch.stack((xd[..., 0::2], xd[..., 1::2]), -1)
+        if interleaved
+        else torch.stack((xd[..., : rot // 2], xd[..., rot // 2 :]), -1)
+    )
+    z = torch.view_as_complex(pairs.contiguous())
+    c = cos_sin.double()[rows]
+    turn = torch.complex(c[:, : rot // 2], c[:, rot // 2 :])[:, None, :]
+    out = torch.view_as_real(z * turn)
+    if interleaved:
+        return out.flatten(-2)
+    return torch.cat((out[..., 0], out[..., 1]), dim=-1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("rot", [64, 128])
+def test_matches_complex_rotation(rot, interleaved):
+    cs = cache(4096, rot)
+    q = torch.randn(37, 5, rot)
+    k = torch.randn(37, 2, rot)
+    positions = torch.randint(0, 4000, (37,))
+    got_q, got_k = rotary_embedding_ref(q, cs, k, positions, interleaved, seqlen_offset=7)
+    rows = positions + 7
+    torch.testing.assert_close(got_q.double(), complex_rotation(q, cs, rows, interleaved), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k.double(), complex_rotation(k, cs, rows, interleaved), rtol=1e-5, atol=1e-5)
+    back, _ = rotary_embedding_ref(got_q, cs, None, positions, interleaved, conjugate=True, seqlen_offset=7)
+    torch.testing.assert_close(back, q, rtol=1e-5, atol=1e-5)
+
+
+def test_default_positions_and_batched_layout():
+    cs = cache(512, 64)
+    q = torch.randn(3, 100, 4, 64).bfloat16()
+    got, _ = rotary_embedding_ref(q, cs, seqlen_offset=11)
+    explicit, _ = rotary_embedding_ref(q, cs, positions=torch.arange(100).expand(3, 100), seqlen_offset=11)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, explicit)
+    flat, _ = rotary_embedding_ref(q[1], cs, positions=torch.arange(100) + 11)
+    assert torch.equal(got[1], flat)
+    assert torch.equal(rotary_embedding_ref(q[:, :1], cs, positions=torch.zeros(3, 1, dtype=torch.int32))[0], q[:, :1])
+
+
+def test_rejects_bad_arguments():
+    cs = cache(16, 64)
+    with pytest.raises(ValueError, match=r"rot_dim\) must be one of \(64, 128\), got 96"):
+        rotary_embedding_ref(torch.randn(2, 1, 96), cache(16, 96))
+    with pytest.raises(ValueError, match=r"positions \+ seqlen_offset must lie in \[0, 16\), got \[10, 17\]"):
+        rotary_embedding_ref(torch.randn(8, 1, 64), cs, seqlen_offset=10)
+    with pytest.raises(ValueError, match="cos_sin_cache must be"):
+        rotary_embedding_ref(torch.randn(2, 1, 64), cache(16, 128))
+    with pytest.raises(ValueError, match="key must be"):
+        rotary_embedding_ref(torch.randn(2, 1, 64), cs, key=torch.randn(3, 1, 64))
+    with pytest.raises(ValueError, match="positions must have shape"):
+        rotary_embedding_ref(torch.randn(2, 1, 64), cs, positions=torch.zeros(3, dtype=torch.int64))
