@@ -29,6 +29,10 @@ def test_randn_like_and_shapes():
     assert y.shape == (3, 5) and y.dtype == torch.bfloat16
     assert rand.randn(2, 3, 4).shape == (2, 3, 4) and rand.randn([7]).shape == (7,)
     assert tilebake.rand is rand
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        rand.randn(4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        rand.randn_like(torch.zeros(3, dtype=torch.int64))
 
 
 def test_reserve_seed_is_reproducible_and_advances():

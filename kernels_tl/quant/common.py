@@ -1,5 +1,7 @@
 """TileLang pieces shared by the quant kernels (build time only)."""
 
+import dataclasses
+
 import tilelang.language as T
 
 
@@ -44,6 +46,40 @@ def store_ue8m0_sf(SB, row, group, num_groups, e):
     if group == num_groups - 1:
         for k in T.serial(3 - group % 4):
             SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupScale:
+    """A per-token (1 x npc) group scale's compile-time parameters: `lanes` consecutive lanes
+    share a group; the format's largest value; the SF mode."""
+
+    lanes: int
+    fmt_max: float
+    round_sf: bool
+    packed_ue8m0: bool
+
+
+@T.macro
+def group_scale_into(inv, values, spec, amax_clamp, S, row, group, num_groups, owner):
+    """The group scale (spec: a GroupScale) for a thread holding its share of the group in
+    `values` (a local buffer): amax over spec.lanes lanes (butterfly shuffles: every lane ends
+    with the same bits), c = max(amax, amax_clamp); inv[0] = 2^-e (round_sf) or fmt_max / c;
+    the owner lane stores the SF in S[row, group] (fp32: 2^e or c / fmt_max) or, packed, as
+    UE8M0 bytes."""
+    amax = T.alloc_var("float32")
+    amax = T.float32(0)
+    for j in T.unroll(values.shape[0]):
+        amax = T.max(amax, T.abs(values[j]))
+    for s in T.unroll(spec.lanes.bit_length() - 1):
+        amax = T.max(amax, T.shfl_xor(amax, spec.lanes >> (s + 1)))
+    c = T.max(amax, amax_clamp)
+    e = pow2_scale_exponent(c, spec.fmt_max)
+    inv[0] = pow2_inverse(e) if spec.round_sf else T.float32(spec.fmt_max) / c
+    if spec.packed_ue8m0:
+        if owner:
+            store_ue8m0_sf(S, row, group, num_groups, e)
+    elif owner:
+        S[row, group] = pow2_sf(e) if spec.round_sf else c / T.float32(spec.fmt_max)
 
 
 def e2m1_code(q):

@@ -173,7 +173,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
 
 
 @T.macro
-def group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups):
+def runtime_group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups):
     """The runtime SF modes (SF_PLAIN / SF_E4M3 / SF_ROUND / SF_UE8M0) of a group whose clamped
     amax is c: inv[0] = the multiplier onto the format's grid (`inv` a T.alloc_local((1,),
     "float32")), and the owner lane stores the SF (S fp32, SB packed bytes, SE e4m3 views)."""
@@ -316,7 +316,7 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
                     if valid:
                         inv[0] = T.float32(1) / S[row, group]
                 else:
-                    group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
+                    runtime_group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
                 if store_data != 0 and valid:
                     # A quantized input multiplies the scales first (numerics: re-quantizing).
                     scale = T.alloc_var("float32")
@@ -493,7 +493,7 @@ def build_e2m1_rne(v: PerTokenCastVariant, cfg: LaunchConfig = E2M1_CONFIG):
                 c = T.max(amax, amax_clamp)
                 owner = valid and (tx % lanes) == 0
                 inv = T.alloc_local((1,), "float32")
-                group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
+                runtime_group_scale_into(inv, c, fmt_max, sf_mode, owner, S, SB, SE, row, group, num_groups)
                 if valid:
                     for j in T.unroll(out_vec):
                         ys[j] = T.cast(

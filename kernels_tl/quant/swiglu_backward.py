@@ -30,15 +30,13 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import (
     FAST_DIV_MAX_ABS_X,
+    GroupScale,
     div_rn_into,
+    group_scale_into,
     inv_rn_into,
     per_token_sf_buffer,
-    pow2_inverse,
-    pow2_scale_exponent,
-    pow2_sf,
     psum_row_valid,
     reciprocal_into,
-    store_ue8m0_sf,
 )
 from tilebake.quant.swiglu_backward import SwigluBackwardVariant
 
@@ -65,6 +63,7 @@ def build(v: SwigluBackwardVariant):
     npc = max(v.num_per_channels, 16)
     lanes = npc // VEC if quantize else 1
     fmt_max = 448.0
+    scale_spec = GroupScale(lanes, fmt_max, v.round_sf, v.packed_ue8m0)
     cols_per_pass = THREADS * VEC
 
     num_tokens = T.dynamic("num_tokens")
@@ -190,6 +189,7 @@ def build(v: SwigluBackwardVariant):
             acts = T.alloc_local((VEC,), "float32")
             dxs = T.alloc_local((VEC,), out_dtype)
             qs = T.alloc_local((VEC,), "float8_e4m3fn")
+            inv = T.alloc_local((1,), "float32")  # a quantised group's scale multiplier
             acts_out = T.alloc_local((VEC,), grad_dtype)
             wg = T.alloc_var("float32")
             red = T.alloc_shared((THREADS // 32,), "float32")
@@ -306,45 +306,19 @@ def build(v: SwigluBackwardVariant):
                         for j in T.vectorized(VEC):
                             A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
                     if quantize:
-                        group = (col) // npc
-                        amax = T.alloc_var("float32")
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(ds[j]))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, fmt_max)
-                        inv = pow2_inverse(e) if v.round_sf else T.float32(fmt_max) / c
                         owner = col < hidden and (tx % lanes) == 0
-                        if v.packed_ue8m0:
-                            if owner:
-                                store_ue8m0_sf(S, row, group, num_groups, e)
-                        elif owner:
-                            S[row, group] = pow2_sf(e) if v.round_sf else c / T.float32(fmt_max)
+                        group_scale_into(inv, ds, scale_spec, amax_clamp, S, row, col // npc, num_groups, owner)
                         for j in T.vectorized(VEC):
-                            qs[j] = T.cast(ds[j] * inv, "float8_e4m3fn")
+                            qs[j] = T.cast(ds[j] * inv[0], "float8_e4m3fn")
                         if col < hidden:
                             for j in T.vectorized(VEC):
                                 Q[row, (i * THREADS + tx) * VEC + j] = qs[j]
-                        group = (hidden + col) // npc
-                        amax = T.alloc_var("float32")
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(drs[j]))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, fmt_max)
-                        inv = pow2_inverse(e) if v.round_sf else T.float32(fmt_max) / c
                         owner = col < hidden and (tx % lanes) == 0
-                        if v.packed_ue8m0:
-                            if owner:
-                                store_ue8m0_sf(S, row, group, num_groups, e)
-                        elif owner:
-                            S[row, group] = pow2_sf(e) if v.round_sf else c / T.float32(fmt_max)
+                        group_scale_into(
+                            inv, drs, scale_spec, amax_clamp, S, row, (hidden + col) // npc, num_groups, owner
+                        )
                         for j in T.vectorized(VEC):
-                            qs[j] = T.cast(drs[j] * inv, "float8_e4m3fn")
+                            qs[j] = T.cast(drs[j] * inv[0], "float8_e4m3fn")
                         if col < hidden:
                             for j in T.vectorized(VEC):
                                 Q[row, hidden + (i * THREADS + tx) * VEC + j] = qs[j]
@@ -428,24 +402,10 @@ def build(v: SwigluBackwardVariant):
                         for j in T.vectorized(VEC):
                             A[row, (i * THREADS + tx) * VEC + j] = acts_out[j]
                     if quantize:
-                        group = col // npc
-                        amax = T.alloc_var("float32")
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(ds[j]))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, fmt_max)
-                        inv = pow2_inverse(e) if v.round_sf else T.float32(fmt_max) / c
                         owner = col < 2 * hidden and (tx % lanes) == 0
-                        if v.packed_ue8m0:
-                            if owner:
-                                store_ue8m0_sf(S, row, group, num_groups, e)
-                        elif owner:
-                            S[row, group] = pow2_sf(e) if v.round_sf else c / T.float32(fmt_max)
+                        group_scale_into(inv, ds, scale_spec, amax_clamp, S, row, col // npc, num_groups, owner)
                         for j in T.vectorized(VEC):
-                            qs[j] = T.cast(ds[j] * inv, "float8_e4m3fn")
+                            qs[j] = T.cast(ds[j] * inv[0], "float8_e4m3fn")
                         if col < 2 * hidden:
                             for j in T.vectorized(VEC):
                                 Q[row, (i * THREADS + tx) * VEC + j] = qs[j]

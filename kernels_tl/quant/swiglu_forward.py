@@ -28,14 +28,12 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import (
     FAST_DIV_MAX_ABS_X,
+    GroupScale,
     div_rn_into,
+    group_scale_into,
     per_token_sf_buffer,
-    pow2_inverse,
-    pow2_scale_exponent,
-    pow2_sf,
     psum_row_valid,
     reciprocal_into,
-    store_ue8m0_sf,
 )
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
 
@@ -57,6 +55,7 @@ def build(v: SwigluForwardVariant):
     npc = max(v.num_per_channels, VEC)  # the plain variants have no SF (and no S parameter)
     lanes = npc // VEC if quantize else 1
     fmt_max = 448.0
+    scale_spec = GroupScale(lanes, fmt_max, v.round_sf, v.packed_ue8m0)
     cols_per_pass = THREADS * VEC
 
     num_tokens = T.dynamic("num_tokens")
@@ -109,6 +108,7 @@ def build(v: SwigluForwardVariant):
             silu = T.alloc_local((VEC,), "float32")
             big = T.alloc_local((1,), "float32")
             outs = T.alloc_local((VEC,), out_dtype)
+            inv = T.alloc_local((1,), "float32")  # a quantised group's scale multiplier
             counts = T.alloc_local((3,), "int32")
             red = T.alloc_shared((THREADS // 32, 3), "int32")
             for k in T.unroll(3):
@@ -177,24 +177,10 @@ def build(v: SwigluForwardVariant):
                     for j in T.unroll(VEC):
                         ys[j] = T.float32(0)
                 if quantize:
-                    group = col // npc
-                    amax = T.alloc_var("float32")
-                    amax = T.float32(0)
-                    for j in T.unroll(VEC):
-                        amax = T.max(amax, T.abs(ys[j]))
-                    for s in T.unroll(lanes.bit_length() - 1):
-                        amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                    c = T.max(amax, amax_clamp)
-                    e = pow2_scale_exponent(c, fmt_max)
-                    inv = pow2_inverse(e) if v.round_sf else T.float32(fmt_max) / c
                     owner = col < hidden and (tx % lanes) == 0
-                    if v.packed_ue8m0:
-                        if owner:
-                            store_ue8m0_sf(S, row, group, num_groups, e)
-                    elif owner:
-                        S[row, group] = pow2_sf(e) if v.round_sf else c / T.float32(fmt_max)
+                    group_scale_into(inv, ys, scale_spec, amax_clamp, S, row, col // npc, num_groups, owner)
                     for j in T.vectorized(VEC):
-                        outs[j] = T.cast(ys[j] * inv, out_dtype)  # the satfinite cvt clamps to +-448 (NaN stays NaN)
+                        outs[j] = T.cast(ys[j] * inv[0], out_dtype)  # the satfinite cvt clamps to +-448 (NaN stays NaN)
                 else:
                     for j in T.vectorized(VEC):
                         outs[j] = T.cast(ys[j], out_dtype)

@@ -46,6 +46,8 @@ def reserve_seed(num_blocks: int) -> int:
 
 def randn(*size, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """Standard normal samples of shape `size` (ints or one tuple), dtype default torch's default."""
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype (normal samples), got {dtype}")
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     return torch.randn(*size, dtype=dtype, device=device)

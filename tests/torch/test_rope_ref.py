@@ -69,3 +69,16 @@ def test_rejects_bad_arguments():
         rotary_embedding_ref(torch.randn(2, 1, 64), cs, key=torch.randn(3, 1, 64))
     with pytest.raises(ValueError, match="positions must have shape"):
         rotary_embedding_ref(torch.randn(2, 1, 64), cs, positions=torch.zeros(3, dtype=torch.int64))
+
+
+def test_rejects_bad_dtypes():
+    cs = cache(16, 64)
+    q = torch.randn(2, 1, 64)
+    with pytest.raises(TypeError, match="query must be torch.bfloat16 or torch.float32, got torch.float16"):
+        rotary_embedding_ref(q.half(), cs)
+    with pytest.raises(TypeError, match="key must have query's dtype"):
+        rotary_embedding_ref(q, cs, key=q.bfloat16())
+    with pytest.raises(TypeError, match="cos_sin_cache must be torch.float32, got torch.float64"):
+        rotary_embedding_ref(q, cs.double())
+    with pytest.raises(TypeError, match="positions must be an integer tensor, got torch.float32"):
+        rotary_embedding_ref(q, cs, positions=torch.zeros(2))

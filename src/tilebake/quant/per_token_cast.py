@@ -395,8 +395,9 @@ def _general(
 def _launch(
     data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, store_data, hidden, stochastic=0
 ):
-    """One launch of build_runtime_sf's kernel; `data` may be None when store_data is 0;
-    stochastic 1 rounds the data stochastically."""
+    """One launch of build_runtime_sf's kernel, or of build_e2m1_rne's for a plain input rounded
+    to nearest into e2m1; `data` may be None when store_data is 0; stochastic 1 rounds the data
+    stochastically."""
     if in_dtype == "e2m1":
         if data_in.data_ptr() % 8:
             raise ValueError(f"x[0] must start at an 8-byte aligned address, got {data_in.data_ptr():#x}")
@@ -411,21 +412,20 @@ def _launch(
                 f"(a view with a misaligned offset?), got {y_ptr:#x}"
             )
     sf_stride_t, sf_stride_g = _sf_strides(sf, sf_mode)
-    num_tokens = data_in.shape[0]
-    sf_ptr = sf.data_ptr()
-    args = (
-        data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
-        num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
-    )  # fmt: skip
-    key = (in_dtype, fmt, num_per_channels, "runtime")
+    num_tokens, x_ptr, sf_ptr = data_in.shape[0], data_in.data_ptr(), sf.data_ptr()
     if x_sf is None and fmt == "e2m1" and store_data and not stochastic and sf_mode != SF_PRECOMPUTED:
         # The common e2m1 case: a lean kernel without the runtime kernel's rarer options.
         _RNE_KERNELS[in_dtype, fmt, num_per_channels, "rne"](
             data_in.get_device(),
-            data_in.data_ptr(), y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode,
+            x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode,
             num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
         )  # fmt: skip
         return
+    args = (
+        x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
+        num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
+    )  # fmt: skip
+    key = (in_dtype, fmt, num_per_channels, "runtime")
     if x_sf is None:
         _RUNTIME_KERNELS[key](data_in.get_device(), *args)
         return

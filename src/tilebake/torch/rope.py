@@ -50,6 +50,17 @@ def rotary_embedding_ref(
     int [T] or [B, S] (default: the token's index). Raises ValueError for a cache row out of range."""
     if query.dim() not in (3, 4):
         raise ValueError(f"query must be [T, H, rot] or [B, S, H, rot], got shape {tuple(query.shape)}")
+    if query.dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"query must be torch.bfloat16 or torch.float32, got {query.dtype}")
+    if key is not None and key.dtype != query.dtype:
+        raise TypeError(f"key must have query's dtype {query.dtype}, got {key.dtype}")
+    if cos_sin_cache.dtype != torch.float32:
+        raise TypeError(f"cos_sin_cache must be torch.float32, got {cos_sin_cache.dtype}")
+    if positions is not None and (positions.is_floating_point() or positions.dtype == torch.bool):
+        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
+    for name, t in (("cos_sin_cache", cos_sin_cache), ("key", key), ("positions", positions)):
+        if t is not None and t.device != query.device:
+            raise ValueError(f"{name} must be on {query.device} (as query), got {t.device}")
     rot = query.shape[-1]
     if rot not in ROT_DIMS:
         raise ValueError(f"query.shape[-1] (rot_dim) must be one of {ROT_DIMS}, got {rot}")
