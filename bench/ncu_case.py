@@ -21,9 +21,7 @@ def main():
     op, variant = sys.argv[1], sys.argv[2]
     tokens, hidden = map(int, (sys.argv[3] if len(sys.argv) > 3 else "16384x7168").split("x"))
     candidates = [f(tokens, hidden) for f in cases.CASES[op]]
-    matching = [c for c in candidates if c["variant"] == variant] or [
-        c for c in candidates if variant in c["variant"]
-    ]
+    matching = [c for c in candidates if c["variant"] == variant] or [c for c in candidates if variant in c["variant"]]
     if len(matching) != 1:
         raise SystemExit(f"{len(matching)} cases of {op} match {variant!r}")
     case = matching[0]

@@ -1,7 +1,8 @@
 """Launch-config search for an op whose kernel module has `LaunchConfig` and `candidate_configs()`
 (per_token_cast, cast_back, per_token_cast_and_cast_back, cast, norm_forward).
 
-python bench/tune.py build .carry/tune cast_back   # build host: lower + nvcc every candidate (sm_90a)
+python bench/tune.py build .carry/tune cast_back [REGEX]  # build host: lower + nvcc every candidate
+                                                         # (sm_90a), or those whose file stem matches REGEX
 python bench/tune.py run .carry/tune cast_back     # GPU: time each candidate's cubin, check its bytes
 
 Each candidate is checked once against the shipped op (same bytes) and timed at the SHAPES below;
@@ -11,6 +12,7 @@ the best config per (variant, shape) is printed with its % of copy bandwidth.
 import dataclasses
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +54,7 @@ def _stem(v, cfg):
     return v.id + "." + ".".join(f"{k}{val}" for k, val in dataclasses.asdict(cfg).items())
 
 
-def build(out: Path, op: str):
+def build(out: Path, op: str, only: str = ""):
     vt = _variant_type(op)
     import os
 
@@ -65,6 +67,8 @@ def build(out: Path, op: str):
         v = vt(**fields)
         for cfg in kernels.candidate_configs():
             stem = _stem(v, cfg)
+            if only and not re.search(only, stem):
+                continue
             try:
                 aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
             except BaseException as e:  # a config the kernel cannot express
@@ -295,4 +299,4 @@ def run(out: Path, op: str):
 
 
 if __name__ == "__main__":
-    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3])
+    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
