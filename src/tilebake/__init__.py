@@ -6,8 +6,7 @@ nothing, loads no native code and writes no file: kernels are loaded on first us
 
 import importlib
 
-from tilebake import config, quant, rand, utils
-from tilebake import transform
+from tilebake import config, quant, rand, transform, utils
 from tilebake.config import (
     get_amax_clamp_for_quant,
     get_deterministic_algorithms,
