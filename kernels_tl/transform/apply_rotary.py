@@ -15,14 +15,16 @@ the products rounded to fp32 (__fmul_rn, which nvcc never contracts), each fma r
 exactly this. A token whose row r = position + seqlen_offset (64-bit) is outside
 [0, cache rows) is skipped: its query and key are left as they were.
 
-Thread mapping: one warp per token, 4 tokens per 128-thread CTA. A pair's two elements are
+Thread mapping (LaunchConfig): one warp per token, 4 tokens per 128-thread CTA by default. A pair's two elements are
 in the same thread: NeoX pairs i and half + i, so lane l loads the 16-byte vectors at l * vec
 and half + l * vec; interleaved pairs 2i and 2i + 1, so lane l loads the two vectors at
 2 * l * vec (and + vec). Either way lane l needs cos/sin [l * vec, l * vec + vec), loaded once
 per token. The L = half / vec lanes of a head times HG = 32 / L head groups fill the warp;
-head group g rotates heads g, g + HG, ..., UNROLL heads' loads in flight at once; query heads
+head group g rotates heads g, g + HG, ..., `unroll` heads' loads in flight at once; query heads
 first, then key heads (k_heads = 0 without a key).
 """
+
+import dataclasses
 
 import tilelang.language as T
 
@@ -30,9 +32,20 @@ from tilebake.transform.apply_rotary import ApplyRotaryVariant
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector
 
-THREADS = 128
-TOKENS_PER_CTA = THREADS // 32  # a warp per token
-UNROLL = 4  # heads a thread loads before it computes and stores
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    tokens_per_cta: int = 4  # a warp per token: 32 * tokens_per_cta threads
+    unroll: int = 4  # heads a thread loads before it computes and stores
+
+
+# Untuned (no GPU here): 80 registers (bf16) / 62 (fp32), no spills on sm_90a.
+DEFAULT_CONFIG = LaunchConfig()
+
+
+def candidate_configs():
+    """A search space for a launch-config sweep on a GPU."""
+    return [LaunchConfig(t, u) for t in (2, 4, 8) for u in (2, 4, 8)]
 
 
 def rotate_pair(x1, x2, c, s):
@@ -40,7 +53,9 @@ def rotate_pair(x1, x2, c, s):
     return T.ieee_fmaf(x1, c, -T.ieee_mul(x2, s)), T.ieee_fmaf(x2, c, T.ieee_mul(x1, s))
 
 
-def build(v: ApplyRotaryVariant):
+def build(v: ApplyRotaryVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
+    TOKENS_PER_CTA, UNROLL = cfg.tokens_per_cta, cfg.unroll
+    THREADS = 32 * TOKENS_PER_CTA
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.dtype]
     rot = v.rot_dim
     half = rot // 2
