@@ -91,14 +91,25 @@ def test_rejects_bad_arguments():
         apply_rotary(q, cs, positions=torch.zeros(4))
     with pytest.raises(ValueError, match=r"positions must have shape \(4,\) \(query's tokens\), got \(1, 4\)"):
         apply_rotary(q, cs, positions=torch.zeros(1, 4, dtype=torch.int64))
-    with pytest.raises(TypeError, match="interleaved must be a bool, got int"):
-        apply_rotary(q, cs, interleaved=1)
+    with pytest.raises(TypeError, match="interleaved must be a bool, got float"):
+        apply_rotary(q, cs, interleaved=1.0)
     with pytest.raises(TypeError, match="conjugate must be a bool, got str"):
         apply_rotary(q, cs, conjugate="yes")
     with pytest.raises(TypeError, match="seqlen_offset must be a Python int, got float"):
         apply_rotary(q, cs, seqlen_offset=1.0)
+    with pytest.raises(TypeError, match="seqlen_offset must be a Python int, got Tensor"):
+        apply_rotary(q, cs, seqlen_offset=torch.tensor(1))
     with pytest.raises(ValueError, match="seqlen_offset must fit in int64"):
         apply_rotary(q, cs, seqlen_offset=2**63)
+
+
+def test_int_flags_and_numpy_offset_are_accepted():
+    np = pytest.importorskip("numpy")
+    cs = make_cache(64, 64)
+    q = torch.randn(4, 2, 64)
+    want, _ = rotary_embedding_ref(q, cs, interleaved=True, conjugate=True, seqlen_offset=3)
+    apply_rotary(q, cs, interleaved=1, conjugate=1, seqlen_offset=np.int64(3))
+    assert_same(q, want, "query")
 
 
 def test_rejects_device_mismatch():
@@ -338,3 +349,33 @@ def test_gpu_empty_and_nan_propagation():
     apply_rotary(q, cs, seqlen_offset=1)
     assert q[1, 0, 5].isnan() and q[1, 0, 5 + 32].isnan()  # NeoX partner of column 5
     assert not q[0].isnan().any() and not q[1, 1].isnan().any()
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph_and_cuda_graph():
+    """No host sync anywhere (positions are checked on the device): compiles with fullgraph and
+    captures into a CUDA graph."""
+    cs = make_cache(64, 128, "cuda")
+    q = wide_binades((300, 4, 128), torch.bfloat16, "cuda")
+    k = wide_binades((300, 2, 128), torch.bfloat16, "cuda")
+    positions = torch.randint(-5, 70, (300,), device="cuda", dtype=torch.int32)
+    want_q, want_k = rotary_embedding_ref(q, cs, k, positions, seqlen_offset=1)
+
+    def f(q, k):
+        apply_rotary(q, cs, k, positions, seqlen_offset=1)
+        return q * 1, k * 1
+
+    got_q, got_k = torch.compile(f, fullgraph=True)(q.clone(), k.clone())
+    assert_same(got_q, want_q, "query (torch.compile)")
+    assert_same(got_k, want_k, "key (torch.compile)")
+
+    gq, gk = q.clone(), k.clone()
+    apply_rotary(gq.clone(), cs, gk.clone(), positions, seqlen_offset=1)  # load the kernel outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        apply_rotary(gq, cs, gk, positions, seqlen_offset=1)
+    gq.copy_(q)
+    gk.copy_(k)
+    graph.replay()
+    assert_same(gq, want_q, "query (CUDA graph)")
+    assert_same(gk, want_k, "key (CUDA graph)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from typing import Optional
 
 import torch
@@ -98,11 +99,12 @@ def _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_
         if positions.device != query.device:
             raise ValueError(f"positions must be on {query.device} (as query), got {positions.device}")
     for name, flag in (("interleaved", interleaved), ("conjugate", conjugate)):
-        if not isinstance(flag, bool):
+        if not isinstance(flag, int):  # bool, or an int used as one
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-    if isinstance(seqlen_offset, bool) or not isinstance(seqlen_offset, int):
+    # A Python (or numpy) integer; a tensor would need a device sync to read.
+    if isinstance(seqlen_offset, (bool, torch.Tensor)) or not hasattr(seqlen_offset, "__index__"):
         raise TypeError(f"seqlen_offset must be a Python int, got {type(seqlen_offset).__name__}")
-    if not -(2**63) <= seqlen_offset < 2**63:
+    if not -(2**63) <= operator.index(seqlen_offset) < 2**63:
         raise ValueError(f"seqlen_offset must fit in int64, got {seqlen_offset}")
 
 
@@ -129,7 +131,8 @@ def apply_rotary(
             [B, S, H, rot_dim]) + seqlen_offset.
         interleaved: GPT-J pairs (2i, 2i + 1) instead of NeoX halves (i, rot_dim/2 + i).
         conjugate: rotate by the inverse (sin negated): undoes apply_rotary with the same rows.
-        seqlen_offset: added to every token's position.
+        seqlen_offset: a Python int added to every token's position (not a tensor: reading
+            one would sync).
 
     Arithmetic per pair (x1, x2), fp32: out1 = fma(x1, cos, -fp32(x2 sin)), out2 =
     fma(x2, cos, fp32(x1 sin)), rounded to query's dtype; tilebake.torch.rotary_embedding_ref
@@ -139,6 +142,7 @@ def apply_rotary(
     (the reference, same bits, slower).
     """
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    interleaved, conjugate, seqlen_offset = bool(interleaved), bool(conjugate), operator.index(seqlen_offset)
     if torch.compiler.is_compiling():
         torch.ops.tilebake.apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
         return None
