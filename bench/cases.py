@@ -427,3 +427,36 @@ def per_token_cast_sr_e2m1_case(num_tokens, hidden):
 
 CASES["cast"] += [cast_sr_e4m3_case, cast_sr_fp32_e4m3_case]
 CASES["per_token_cast"] += [per_token_cast_sr_e2m1_case]
+
+
+def apply_rotary_case(num_tokens, hidden):
+    """In-place RoPE of query and key (NeoX, rot 128, bf16, int64 positions). `hidden` sets the
+    head counts: 7168 -> 32 query + 8 key heads (4096 -> 18 + 4, 2048 -> 9 + 2)."""
+    q_heads = hidden // 224
+    k_heads = max(1, q_heads // 4)
+    rot, max_pos = 128, 32768
+
+    def make():
+        q = torch.randn(num_tokens, q_heads, rot, device="cuda").to(torch.bfloat16)
+        k = torch.randn(num_tokens, k_heads, rot, device="cuda").to(torch.bfloat16)
+        angles = torch.rand(max_pos, rot // 2, device="cuda") * 6.2831855
+        cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+        positions = torch.randint(0, max_pos, (num_tokens,), device="cuda")
+        return (q, k, cache, positions, q.clone(), k.clone())
+
+    def fn(q, k, cache, positions, q0, k0):
+        tilebake.transform.apply_rotary(q, cache, k, positions)
+        return q, k
+
+    return {
+        "op": "apply_rotary",
+        "variant": f"bf16 NeoX rot 128, {q_heads} + {k_heads} heads, int64 positions",
+        "make": make,
+        "fn": fn,
+        "ref": lambda q, k, cache, positions, q0, k0: tilebake.torch.rotary_embedding_ref(q0, cache, k0, positions),
+        # q and k read and written, one cache row and one position read per token
+        "bytes": num_tokens * ((q_heads + k_heads) * rot * 2 * 2 + rot * 4 + 8),
+    }
+
+
+CASES["apply_rotary"] = [apply_rotary_case]

@@ -6,7 +6,7 @@ nothing, loads no native code and writes no file: kernels are loaded on first us
 
 import importlib
 
-from tilebake import config, quant, rand, utils
+from tilebake import config, quant, rand, transform, utils
 from tilebake.config import (
     get_amax_clamp_for_quant,
     get_deterministic_algorithms,
@@ -36,6 +36,7 @@ __all__ = [
     "quant",
     "rand",
     "torch",
+    "transform",
     "utils",
     "get_amax_clamp_for_quant",
     "get_deterministic_algorithms",

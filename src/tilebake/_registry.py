@@ -12,6 +12,7 @@ from tilebake.quant.per_token_cast import PerTokenCastVariant
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
 from tilebake.quant.swiglu_backward import SwigluBackwardVariant
 from tilebake.quant.swiglu_forward import SwigluForwardVariant
+from tilebake.transform.apply_rotary import ApplyRotaryVariant
 
 VARIANT_TYPES = (
     PerTokenCastVariant,
@@ -27,6 +28,7 @@ VARIANT_TYPES = (
     NormBackwardVariant,
     SwigluForwardVariant,
     SwigluBackwardVariant,
+    ApplyRotaryVariant,
 )
 
 

@@ -8,6 +8,14 @@ p = position[r] + seqlen_offset holding [cos(p * f_i) | sin(p * f_i)], i < rot_d
     out1 = x1 * cos - x2 * sin,  out2 = x2 * cos + x1 * sin   (sin negated when conjugate:
     the inverse rotation), rounded to x's dtype. Positions default to the token's index
     (its sequence index for [B, S, H, rot] inputs).
+
+fp32 operation order (the kernel's, bit for bit): each second product is rounded to fp32,
+then one fused multiply-add rounds once:
+    out1 = fma(x1, cos, -fp32(x2 * sin)),  out2 = fma(x2, cos, fp32(x1 * sin))
+torch has no fma, so `fma_f32` computes it exactly in float64 (round to odd, then to fp32).
+
+A token whose cache row (position + seqlen_offset) is outside [0, S_max) is left unchanged
+(query and key): what the kernel does, which checks rows on the device rather than syncing.
 """
 
 from __future__ import annotations
@@ -16,9 +24,27 @@ from typing import Optional
 
 import torch
 
-__all__ = ["rotary_embedding_ref"]
+__all__ = ["fma_f32", "rotary_embedding_ref"]
 
 ROT_DIMS = (64, 128)
+
+
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a * b + c of fp32 tensors (broadcast), rounded once to fp32 (as CUDA's __fmaf_rn).
+
+    In float64 the product is exact (24 + 24 bits) and TwoSum gives the sum's rounding error
+    exactly; the sum rounded to odd (the odd one of its two float64 neighbours when inexact)
+    then rounds to fp32 as the exact value does, float64 having more than 24 + 1 bits.
+    Non-finite sums (inf, NaN) are the float64 sum's."""
+    p = a.double() * b.double()
+    cd = c.double()
+    s = p + cd
+    bv = s - p
+    err = (p - (s - bv)) + (cd - bv)  # p + cd == s + err exactly (TwoSum)
+    even = (s.view(torch.int64) & 1) == 0
+    toward = torch.where(err > 0, torch.inf, -torch.inf).to(s.dtype)
+    bump = even & (err != 0) & s.isfinite()
+    return torch.where(bump, torch.nextafter(s, toward), s).float()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -30,8 +56,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
         half = xf.shape[-1] // 2
         x1, x2 = xf[..., :half], xf[..., half:]
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads dim
-    out1 = x1 * cos - x2 * sin
-    out2 = x2 * cos + x1 * sin
+    out1 = fma_f32(x1, cos, -(x2 * sin))
+    out2 = fma_f32(x2, cos, x1 * sin)
     out = torch.stack((out1, out2), dim=-1).flatten(-2) if interleaved else torch.cat((out1, out2), dim=-1)
     return out.to(x.dtype)
 
@@ -47,7 +73,8 @@ def rotary_embedding_ref(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rotated copies (query, key or None) of query (and key): [T, H, rot] or [B, S, H, rot],
     bf16 or fp32, rot in (64, 128); cos_sin_cache fp32 [S_max, rot] = [cos | sin]; positions
-    int [T] or [B, S] (default: the token's index). Raises ValueError for a cache row out of range."""
+    int [T] or [B, S] (default: the token's index). A token whose cache row is out of range is
+    returned unchanged."""
     if query.dim() not in (3, 4):
         raise ValueError(f"query must be [T, H, rot] or [B, S, H, rot], got shape {tuple(query.shape)}")
     if query.dtype not in (torch.bfloat16, torch.float32):
@@ -74,13 +101,15 @@ def rotary_embedding_ref(
     elif tuple(positions.shape) != tuple(lead):
         raise ValueError(f"positions must have shape {tuple(lead)}, got {tuple(positions.shape)}")
     rows = positions.long() + seqlen_offset
-    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cos_sin_cache.shape[0]):
-        raise ValueError(f"positions + seqlen_offset must lie in [0, {cos_sin_cache.shape[0]}), got "
-                         f"[{int(rows.min())}, {int(rows.max())}]")  # fmt: skip
-    cache = cos_sin_cache.float()[rows]  # lead + (rot,)
+    # Out-of-range rows: the token stays as it was (no host sync to check them).
+    inside = (rows >= 0) & (rows < cos_sin_cache.shape[0])
+    cache = cos_sin_cache.float()[torch.where(inside, rows, 0)] if cos_sin_cache.shape[0] else None
+    if cache is None:  # an empty cache: every row is out of range
+        return query.clone(), (None if key is None else key.clone())
     cos, sin = cache[..., : rot // 2], cache[..., rot // 2 :]
     if conjugate:
         sin = -sin
-    q = _rotate(query, cos, sin, interleaved)
-    k = None if key is None else _rotate(key, cos, sin, interleaved)
+    keep = ~inside[..., None, None]
+    q = torch.where(keep, query, _rotate(query, cos, sin, interleaved))
+    k = None if key is None else torch.where(keep, key, _rotate(key, cos, sin, interleaved))
     return q, k
