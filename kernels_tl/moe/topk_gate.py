@@ -3,8 +3,9 @@
 One warp per token, WARPS tokens a CTA. Lane l holds the scores of experts l, l + 32, ...
 (SLOTS = max_experts / 32 registers; experts past num_experts hold -inf). Order: larger score
 first, among equal scores the smaller expert index (a stable descending sort). Each lane keeps
-the best (score, index) of its remaining experts; a round reduces the 32 candidates with an
-xor butterfly (every lane ends with the same winner, the order being total), the owner lane
+the best (score, index) of its remaining experts; a round finds the warp's maximum score with
+an xor butterfly and its smallest index (a ballot; a min butterfly only for exact ties between
+lanes), every lane ending with the same winner; the owner lane
 drops the winner (sets it to -inf) and rescans its slots. num_topk rounds; lane r keeps round
 r's winner and the first num_topk lanes store the row with one coalesced write.
 
@@ -45,8 +46,9 @@ def build(v: TopkGateVariant):
             vals = T.alloc_local((slots,), "float32")
             best_v = T.alloc_var("float32")
             best_i = T.alloc_var("int32")
-            other_v = T.alloc_var("float32")
-            other_i = T.alloc_var("int32")
+            win_v = T.alloc_var("float32")
+            win_i = T.alloc_var("int32")
+            tied = T.alloc_var("uint32")
             bad = T.alloc_var("int32")
             result = T.alloc_var("int32")
             if t < num_tokens:  # uniform over the warp
@@ -72,21 +74,26 @@ def build(v: TopkGateVariant):
                             best_v = vals[j]
                             best_i = j * 32 + lane
                     for r in T.serial(num_topk):
-                        other_v = best_v
-                        other_i = best_i
+                        # The round's maximum (exact: every lane gets the same bits), then which
+                        # lanes hold it. One lane (the rule without exact ties): its index, one
+                        # shuffle. Several: the smallest of their indices, a min butterfly.
+                        win_v = best_v
                         for s in T.unroll(5):
-                            ov = T.shfl_xor(other_v, 16 >> s)
-                            oi = T.shfl_xor(other_i, 16 >> s)
-                            if ov > other_v or (ov == other_v and oi < other_i):
-                                other_v = ov
-                                other_i = oi
+                            win_v = T.max(win_v, T.shfl_xor(win_v, 16 >> s))
+                        tied = T.cast(T.ballot_sync(best_v == win_v), "uint32")
+                        if T.bitwise_and(tied, tied - T.uint32(1)) == T.uint32(0):
+                            win_i = T.shfl_sync(best_i, T.__ffs(T.cast(tied, "int32")) - 1)
+                        else:
+                            win_i = T.if_then_else(best_v == win_v, best_i, NO_INDEX)
+                            for s in T.unroll(5):
+                                win_i = T.min(win_i, T.shfl_xor(win_i, 16 >> s))
                         if lane == r:
-                            result = other_i
-                        if other_i % 32 == lane:  # this lane owned the winner: drop it, rescan
+                            result = win_i
+                        if win_i % 32 == lane:  # this lane owned the winner: drop it, rescan
                             best_v = -T.infinity("float32")
                             best_i = NO_INDEX
                             for j in T.unroll(slots):
-                                if j * 32 + lane == other_i:
+                                if j * 32 + lane == win_i:
                                     vals[j] = -T.infinity("float32")
                                 if vals[j] > best_v:
                                     best_v = vals[j]
