@@ -247,3 +247,23 @@ def test_kernel_ignores_out_of_range_indices():
     clean = torch.where((bad >= 0) & (bad < 72), bad, -1)
     got = tilebake.moe.moe_topk_gate_backward(u, bad, w, g, RSF)
     assert torch.equal(got, tilebake.moe.moe_topk_gate_backward(u, clean, w, g, RSF))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_fullgraph_traces_the_routing_ops(device):
+    """topk_gate -> normalize_weight -> moe_topk_gate_backward traced through their torch.library
+    schemas with no graph break; the results equal the eager calls."""
+    u = score(torch.randn(32, 72, device=device), "sqrtsoftplus")
+    grad_w = torch.randn(32, 6, device=device)
+    mask = torch.arange(32, device=device) % 5 != 0
+    h = torch.randn(2, 72, device=device)
+
+    def routing(u, g, m, hh):
+        idx = tilebake.moe.topk_gate(u, 6)
+        _, weights = tilebake.moe.normalize_weight(u.gather(1, idx))
+        return idx, weights, tilebake.moe.moe_topk_gate_backward(u, idx, weights, g, 1.0, mask=m, grad_scores_sum=hh)
+
+    expected = routing(u, grad_w, mask, h)
+    got = torch.compile(routing, fullgraph=True, backend="aot_eager")(u, grad_w, mask, h)
+    for a, e in zip(got, expected, strict=True):
+        assert torch.equal(a, e)

@@ -147,10 +147,26 @@ def moe_topk_gate_backward(
         (which raises ValueError for an index outside [-1, num_experts)). On a GPU the fp32
         result is within rtol 1e-5 + 1e-5 * max|grad| of the float64 value.
     """
-    num_seqs, routed_scaling_factor = check_arguments(
+    _, routed_scaling_factor = check_arguments(
         scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
         grad_scores_sum, out,
     )  # fmt: skip
+    if torch.compiler.is_compiling():
+        result = torch.ops.tilebake.moe_topk_gate_backward(
+            scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
+            grad_scores_sum,
+        )  # fmt: skip
+        return result if out is None else out.copy_(result)
+    return _backward(
+        scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
+        grad_scores_sum, out,
+    )  # fmt: skip
+
+
+def _backward(
+    scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum, out
+):
+    """grad_logits of checked arguments (into `out` if given)."""
     if not scores.is_cuda:
         from tilebake.torch.moe import moe_topk_gate_backward_ref
 
@@ -161,6 +177,7 @@ def moe_topk_gate_backward(
         return result if out is None else out.copy_(result)
     num_tokens, num_experts = scores.shape
     num_topk = topk_idx.shape[1]
+    num_seqs = grad_scores_sum.shape[0] if grad_scores_sum is not None else 1
     grad_logits = scores.new_empty((num_tokens, num_experts)) if out is None else out
     if num_tokens == 0:
         return grad_logits
@@ -171,8 +188,33 @@ def moe_topk_gate_backward(
         scores.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), grad_topk_weights.data_ptr(),
         (mask if mask is not None else scores).data_ptr(), h.data_ptr(), grad_logits.data_ptr(),
         routed_scaling_factor, SCORING_CODES[scoring_func], int(mask is not None), int(grad_scores_sum is not None),
-        num_tokens // max(num_seqs, 1), num_tokens, num_experts, num_topk, max(num_seqs, 1),
+        num_tokens // num_seqs, num_tokens, num_experts, num_topk, num_seqs,
         scores.stride(0), topk_idx.stride(0), topk_weights.stride(0), grad_topk_weights.stride(0), h.stride(0),
         grad_logits.stride(0),
     )  # fmt: skip
     return grad_logits
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace moe_topk_gate_backward; eager calls
+# skip it. Functional: writing into a caller's `out` stays in Python (a traced copy_).
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "moe_topk_gate_backward(Tensor scores, Tensor topk_idx, Tensor topk_weights, Tensor grad_topk_weights,"
+    " float routed_scaling_factor, str scoring_func, Tensor? mask, Tensor? grad_scores_sum) -> Tensor"
+)
+
+
+def _op_impl(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, h):
+    return _backward(
+        scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, h, None
+    )
+
+
+def _meta(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, h):
+    return scores.new_empty(scores.shape)
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("moe_topk_gate_backward", _op_impl, _key)
+_lib.impl("moe_topk_gate_backward", _meta, "Meta")
