@@ -460,3 +460,73 @@ def apply_rotary_case(num_tokens, hidden):
 
 
 CASES["apply_rotary"] = [apply_rotary_case]
+
+
+# --- MoE routing (tilebake.moe): the expert count and top-k are fixed (DeepSeek-V3-like); the
+# `hidden` of the shape grid does not apply to them.
+MOE_EXPERTS, MOE_TOPK = 256, 8
+
+
+def topk_gate_case(num_tokens, hidden):
+    def make():
+        return (torch.randn(num_tokens, MOE_EXPERTS, device="cuda"),)
+
+    return {
+        "op": "topk_gate",
+        "variant": f"fp32 scores (T, {MOE_EXPERTS}) -> int64 top-{MOE_TOPK}",
+        "make": make,
+        "fn": lambda s: tilebake.moe.topk_gate(s, MOE_TOPK),
+        "ref": lambda s: tilebake.torch.stable_topk(s, MOE_TOPK),
+        "bytes": num_tokens * (MOE_EXPERTS * 4 + MOE_TOPK * 8),
+    }
+
+
+def normalize_weight_case(num_tokens, hidden):
+    def make():
+        return (torch.rand(num_tokens, MOE_TOPK, device="cuda"),)
+
+    return {
+        "op": "normalize_weight",
+        "variant": f"fp32 (T, {MOE_TOPK})",
+        "make": make,
+        "fn": lambda w: tilebake.moe.normalize_weight(w),
+        "ref": lambda w: tilebake.torch.normalize_weight(w),
+        "bytes": num_tokens * (MOE_TOPK * 4 * 2 + 4),
+    }
+
+
+def moe_topk_gate_backward_case(num_tokens, hidden):
+    """sqrtsoftplus, with the aux-loss term (mask + grad_scores_sum, sequences of 4096 tokens)."""
+    num_seqs = max(1, num_tokens // 4096)
+
+    def make():
+        scores = torch.nn.functional.softplus(torch.randn(num_tokens, MOE_EXPERTS, device="cuda")).sqrt()
+        idx = tilebake.torch.stable_topk(scores, MOE_TOPK)
+        sel = scores.gather(1, idx)
+        weights = sel / (1e-20 + sel.sum(1, keepdim=True)) * 2.5
+        grad = torch.randn(num_tokens, MOE_TOPK, device="cuda")
+        mask = torch.rand(num_tokens, device="cuda") > 0.05
+        idx[~mask] = -1
+        return scores, idx, weights, grad, mask, torch.randn(num_seqs, MOE_EXPERTS, device="cuda")
+
+    def check(actual, expected):
+        """The original's tolerance against the float64 reference: rtol 1e-5, atol 1e-5 * max|ref|."""
+        return bool(((actual - expected).abs() <= 1e-5 * expected.abs().max() + 1e-5 * expected.abs()).all())
+
+    return {
+        "op": "moe_topk_gate_backward",
+        "variant": f"sqrtsoftplus, E={MOE_EXPERTS}, k={MOE_TOPK}, mask + aux grad_scores_sum",
+        "make": make,
+        "fn": lambda u, i, w, g, m, h: tilebake.moe.moe_topk_gate_backward(u, i, w, g, 2.5, mask=m, grad_scores_sum=h),
+        "ref": lambda u, i, w, g, m, h: tilebake.torch.moe_topk_gate_backward_ref(
+            u, i, w, g, 2.5, mask=m, grad_scores_sum=h
+        ),
+        "check": check,
+        # scores read and grad_logits written; idx, weights, grads, mask, grad_scores_sum read
+        "bytes": num_tokens * (MOE_EXPERTS * 4 * 2 + MOE_TOPK * (8 + 4 + 4) + 1) + num_seqs * MOE_EXPERTS * 4,
+    }
+
+
+CASES["topk_gate"] = [topk_gate_case]
+CASES["normalize_weight"] = [normalize_weight_case]
+CASES["moe_topk_gate_backward"] = [moe_topk_gate_backward_case]

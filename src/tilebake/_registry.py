@@ -1,5 +1,8 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.moe.moe_topk_gate_backward import MoeTopkGateBackwardVariant
+from tilebake.moe.normalize_weight import NormalizeWeightVariant
+from tilebake.moe.topk_gate import TopkGateVariant
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast import CastVariant
 from tilebake.quant.cast_back import CastBackVariant
@@ -29,6 +32,9 @@ VARIANT_TYPES = (
     SwigluForwardVariant,
     SwigluBackwardVariant,
     ApplyRotaryVariant,
+    TopkGateVariant,
+    NormalizeWeightVariant,
+    MoeTopkGateBackwardVariant,
 )
 
 

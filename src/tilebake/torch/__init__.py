@@ -3,7 +3,7 @@
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
 from .fake_quant import per_token_cast_and_cast_back_ref
-from .moe import normalize_weight
+from .moe import moe_topk_gate_backward_ref, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .rope import rotary_embedding_ref
 from .stochastic import stochastic_cast
@@ -11,12 +11,17 @@ from .swiglu import get_mapping_from_psum, swiglu_backward, swiglu_forward
 from .topk import grouped_topk, stable_topk
 from .weight_sf import batched_transpose_weight_sf
 
+# The original's name for the router-backward reference (its torch/topk.py).
+moe_topk_gate_backward = moe_topk_gate_backward_ref
+
 __all__ = [
     "batched_transpose_weight_sf",
     "cast",
     "cast_back",
     "get_mapping_from_psum",
     "grouped_topk",
+    "moe_topk_gate_backward",
+    "moe_topk_gate_backward_ref",
     "norm_backward_ref",
     "norm_forward_ref",
     "normalize_weight",

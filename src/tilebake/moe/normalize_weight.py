@@ -1,0 +1,98 @@
+"""normalize_weight: per-token routing-weight normalisation.
+
+Validate, allocate, launch. The kernel is kernels_tl/moe/normalize_weight.py (a thread per
+token); the reference (and the CPU path) is tilebake.torch.normalize_weight, whose summation
+order the kernel repeats, so both give the same bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+
+MAX_TOPK = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeWeightVariant(Variant):
+    family = "moe"
+    op = "normalize_weight"
+
+    dtype: str  # 'fp32' (the only one: a field so the id names it)
+
+    @classmethod
+    def all(cls):
+        return (cls("fp32"),)
+
+
+_KERNELS = KernelTable(NormalizeWeightVariant, ("W", "D", "N", "num_tokens", "num_topk", "w_stride"))
+
+
+def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise each token's routing weights by their sum.
+
+    Args:
+        topk_weights: fp32 (num_tokens, num_topk), 1 <= num_topk <= 32; last dim contiguous,
+            any row stride.
+
+    Returns:
+        (denominator fp32 (num_tokens,), normalized fp32 (num_tokens, num_topk) contiguous):
+        denominator = 1e-20 + w[0] + ... + w[k-1] added left to right in fp32 (the 1e-20 keeps
+        a row of zeros finite, as in moe_topk_gate_forward); normalized = w / denominator.
+        Bit-identical to tilebake.torch.normalize_weight, which CPU tensors run.
+    """
+    if not isinstance(topk_weights, torch.Tensor):
+        raise TypeError(f"topk_weights must be a torch.Tensor, got {type(topk_weights).__name__}")
+    if topk_weights.dtype != torch.float32:
+        raise TypeError(f"topk_weights must be torch.float32, got {topk_weights.dtype}")
+    if topk_weights.dim() != 2:
+        raise ValueError(f"topk_weights must be 2-D (num_tokens, num_topk), got shape {tuple(topk_weights.shape)}")
+    num_tokens, num_topk = topk_weights.shape
+    if not 1 <= num_topk <= MAX_TOPK:
+        raise ValueError(f"topk_weights.shape[1] (num_topk) must be in [1, {MAX_TOPK}], got {num_topk}")
+    if topk_weights.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"topk_weights must be on a CUDA device or the CPU, got {topk_weights.device}")
+    if num_topk > 1 and topk_weights.stride(1) != 1:
+        raise ValueError(f"topk_weights must be contiguous in its last dim, got strides {topk_weights.stride()}")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.normalize_weight(topk_weights)
+    return _normalize_weight(topk_weights)
+
+
+def _normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not topk_weights.is_cuda:
+        from tilebake.torch.moe import normalize_weight as reference
+
+        denominator, normalized = reference(topk_weights)
+        return denominator, normalized.contiguous()
+    num_tokens, num_topk = topk_weights.shape
+    denominator = topk_weights.new_empty((num_tokens,))
+    normalized = topk_weights.new_empty((num_tokens, num_topk))
+    if num_tokens == 0:
+        return denominator, normalized
+    _KERNELS[("fp32",)](
+        topk_weights.get_device(),
+        topk_weights.data_ptr(), denominator.data_ptr(), normalized.data_ptr(),
+        num_tokens, num_topk, topk_weights.stride(0),
+    )  # fmt: skip
+    return denominator, normalized
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace normalize_weight; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define("normalize_weight(Tensor topk_weights) -> (Tensor, Tensor)")
+
+
+def _meta(topk_weights):
+    num_tokens, num_topk = topk_weights.shape
+    return topk_weights.new_empty((num_tokens,)), topk_weights.new_empty((num_tokens, num_topk))
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("normalize_weight", _normalize_weight, _key)
+_lib.impl("normalize_weight", _meta, "Meta")

@@ -1,0 +1,111 @@
+"""topk_gate: the indices of each token's num_topk largest expert scores.
+
+Validate, allocate, launch. The kernel is kernels_tl/moe/topk_gate.py (a warp per token); the
+reference (and the CPU path) is tilebake.torch.stable_topk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+
+MAX_TOPK = 32
+# Experts a row may have, by variant: each lane of the token's warp holds max_experts / 32 scores.
+MAX_EXPERTS = (256, 512, 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkGateVariant(Variant):
+    family = "moe"
+    op = "topk_gate"
+
+    max_experts: int  # the bucket: the smallest of MAX_EXPERTS >= num_experts runs
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(m) for m in MAX_EXPERTS)
+
+
+_KERNELS = KernelTable(TopkGateVariant, ("S", "Out", "num_tokens", "num_experts", "num_topk", "scores_stride"))
+
+
+def check_scores(scores, name: str = "scores") -> tuple[int, int]:
+    """fp32 (T, E) on a CUDA device or the CPU, last dim contiguous; 1 <= E <= max(MAX_EXPERTS)."""
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(scores).__name__}")
+    if scores.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {scores.dtype}")
+    if scores.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (num_tokens, num_experts), got shape {tuple(scores.shape)}")
+    num_tokens, num_experts = scores.shape
+    if not 1 <= num_experts <= MAX_EXPERTS[-1]:
+        raise ValueError(f"{name}.shape[1] (num_experts) must be in [1, {MAX_EXPERTS[-1]}], got {num_experts}")
+    if scores.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {scores.device}")
+    if num_experts > 1 and scores.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {scores.stride()}")
+    return num_tokens, num_experts
+
+
+def experts_bucket(num_experts: int) -> int:
+    return next(m for m in MAX_EXPERTS if num_experts <= m)
+
+
+def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """Top-k expert indices: for each row of `scores`, the indices of its num_topk largest
+    values in descending order of value; equal values go to the smaller index first.
+
+    Args:
+        scores: fp32 (num_tokens, num_experts), 1 <= num_experts <= 1024; last dim contiguous,
+            any row stride.
+        num_topk: int, 1 <= num_topk <= min(num_experts, 32).
+
+    Returns:
+        int64 (num_tokens, num_topk), contiguous.
+
+    Non-finite scores: on a GPU, a row holding a NaN or an infinity gets -1 in every output
+    column (no device assert, no host sync; the other rows are unaffected). On the CPU (the
+    reference path, tilebake.torch.stable_topk) such input raises ValueError.
+    """
+    num_tokens, num_experts = check_scores(scores)
+    if isinstance(num_topk, bool) or not isinstance(num_topk, int) or not 1 <= num_topk <= min(num_experts, MAX_TOPK):
+        raise ValueError(
+            f"num_topk must be an int in [1, min(num_experts={num_experts}, {MAX_TOPK})], got {num_topk!r}"
+        )
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.topk_gate(scores, num_topk)
+    return _topk_gate(scores, num_topk)
+
+
+def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    if not scores.is_cuda:
+        from tilebake.torch import stable_topk
+
+        return stable_topk(scores, num_topk)
+    num_tokens, num_experts = scores.shape
+    out = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
+    if num_tokens == 0:
+        return out
+    _KERNELS[(experts_bucket(num_experts),)](
+        scores.get_device(), scores.data_ptr(), out.data_ptr(), num_tokens, num_experts, num_topk, scores.stride(0)
+    )
+    return out
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace topk_gate; eager calls skip it ---
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define("topk_gate(Tensor scores, int num_topk) -> Tensor")
+
+
+def _meta(scores, num_topk):
+    return scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64)
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("topk_gate", _topk_gate, _key)
+_lib.impl("topk_gate", _meta, "Meta")
