@@ -1,5 +1,8 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.moe.expand_to_fused import ExpandToFusedVariant
+from tilebake.moe.get_fused_mapping import GetFusedMappingVariant
+from tilebake.moe.reduce_fused import ReduceFusedVariant
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast import CastVariant
 from tilebake.quant.cast_back import CastBackVariant
@@ -27,6 +30,9 @@ VARIANT_TYPES = (
     NormBackwardVariant,
     SwigluForwardVariant,
     SwigluBackwardVariant,
+    GetFusedMappingVariant,
+    ExpandToFusedVariant,
+    ReduceFusedVariant,
 )
 
 

@@ -1,0 +1,30 @@
+"""MoE routing (the original's tile_kernels.moe). The TileKernels 1.0 token-to-expert mapping
+ops (api.md 1.11): get_fused_mapping, expand_to_fused, expand_to_fused_with_sf, reduce_fused.
+
+Each op's module loads on first use of one of its functions.
+"""
+
+import importlib
+
+# public name -> the module that defines it
+_MODULES = {
+    "get_fused_mapping": "get_fused_mapping",
+    "expand_to_fused": "expand_to_fused",
+    "expand_to_fused_with_sf": "expand_to_fused",
+    "reduce_fused": "reduce_fused",
+}
+
+
+def __getattr__(name):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'tilebake.moe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tilebake.moe.{_MODULES[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])
+
+
+__all__ = list(_MODULES)
