@@ -87,7 +87,9 @@ def build_count():
             T.sync_warp()
             if seg < num_segments:
                 for step in T.serial(seg_steps // SEGMENT_UNROLL):
-                    load_segment_batch(vals, raw, topk_idx, seg, step * SEGMENT_UNROLL, lane, seg_steps, numel, num_experts)
+                    load_segment_batch(
+                        vals, raw, topk_idx, seg, step * SEGMENT_UNROLL, lane, seg_steps, numel, num_experts
+                    )
                     for u in T.unroll(SEGMENT_UNROLL):
                         if vals[u] >= 0:
                             T.atomic_add(hist[warp, vals[u]], 1)

@@ -5,6 +5,8 @@ Each op's module loads on first use of one of its functions.
 """
 
 import importlib
+import sys
+import types
 
 # public name -> the module that defines it
 _MODULES = {
@@ -21,6 +23,19 @@ def __getattr__(name):
     value = getattr(importlib.import_module(f"tilebake.moe.{_MODULES[name]}"), name)
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule binds it as an attribute of its package; most ops share their
+    module's name, so that binding would hide the function (tilebake.moe.reduce_fused would
+    become the module). Keep the public names for the functions."""
+
+    def __setattr__(self, name, value):
+        if not (isinstance(value, types.ModuleType) and name in _MODULES):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__():

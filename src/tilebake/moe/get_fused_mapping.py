@@ -121,7 +121,8 @@ def get_fused_mapping(
         num_segments = ceil_div(numel, 32 * steps)
         work = new((2 * num_segments + 1, num_experts), dtype=torch.int32)
         counts, offsets, totals = work[:num_segments], work[num_segments : 2 * num_segments], work[-1]
-        idx, p2e, p2t, p2tt = topk_idx.data_ptr(), pos_to_expert.data_ptr(), pos_to_token.data_ptr(), pos_to_token_topk.data_ptr()  # fmt: skip
+        idx, p2e = topk_idx.data_ptr(), pos_to_expert.data_ptr()
+        p2t, p2tt = pos_to_token.data_ptr(), pos_to_token_topk.data_ptr()
         _COUNT["count",](
             device, idx, counts.data_ptr(), p2e, p2t, p2tt, steps, numel, num_experts, num_segments,
             num_expanded_tokens,

@@ -103,7 +103,9 @@ def reduce_fused(
     if data.data_ptr() % 16:
         raise ValueError(f"x must start at a 16-byte aligned address, got {data.data_ptr():#x}")
     if out.data_ptr() % (vec * out.element_size()):
-        raise ValueError(f"out must start at a {vec * out.element_size()}-byte aligned address, got {out.data_ptr():#x}")
+        raise ValueError(
+            f"out must start at a {vec * out.element_size()}-byte aligned address, got {out.data_ptr():#x}"
+        )
     dummy = token_topk_to_pos.data_ptr()  # never read when its flag is 0
     _KERNELS[_NAMES[data.dtype], _NAMES[out_dtype]](
         data.get_device(),

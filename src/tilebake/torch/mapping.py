@@ -66,9 +66,7 @@ def get_fused_mapping(
     num_expanded_tokens: int,
     alignment: int,
     force_no_sync: bool = False,
-) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]
-]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """Mappings between (token, slot) pairs and the expert-major fused layout.
 
     Args:
@@ -306,7 +304,9 @@ def check_reduce_args(x, topk_weights, token_topk_to_pos, fp8_format, sf):
         raise ValueError(f"token_topk_to_pos must be on x's device {data.device}, got {token_topk_to_pos.device}")
     if topk_weights is not None:
         if not isinstance(topk_weights, torch.Tensor) or topk_weights.dtype != torch.float32:
-            raise TypeError(f"topk_weights must be a float32 tensor or None, got {getattr(topk_weights, 'dtype', None)}")
+            raise TypeError(
+                f"topk_weights must be a float32 tensor or None, got {getattr(topk_weights, 'dtype', None)}"
+            )
         if topk_weights.shape != token_topk_to_pos.shape:
             raise ValueError(
                 f"topk_weights must have token_topk_to_pos's shape {tuple(token_topk_to_pos.shape)}, "
@@ -351,6 +351,8 @@ def reduce_fused(
     for j in range(num_topk):
         pos = token_topk_to_pos[:, j].long()
         used = (pos >= 0) & (pos < data.shape[0])
+        if not bool(used.any()):  # also spares indexing an empty x
+            continue
         safe = torch.where(used, pos, 0)
         s = topk_weights[:, j] if topk_weights is not None else torch.ones(num_tokens, device=data.device)
         if x_sf is not None:
