@@ -23,6 +23,7 @@ WORDS_PER_THREAD = 8  # two 16-byte vectors
 ROWS_PER_PASS = THREADS // THREADS_PER_ROW
 ROWS_PER_CTA = ROWS_PER_PASS * ROWS_PER_THREAD
 COLS_PER_CTA = THREADS_PER_ROW * WORDS_PER_THREAD
+TOPK_BATCH = 4  # positions loaded together (a runtime k is walked in batches of it)
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded per vector
 
@@ -54,7 +55,7 @@ def build(v: ExpandToFusedVariant):
         tx = T.get_thread_binding(0)
         col = by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD
         xs = T.alloc_local((ROWS_PER_THREAD, WORDS_PER_THREAD), "int32")
-        pos = T.alloc_var("int32")
+        ps = T.alloc_local((TOPK_BATCH,), "int32")
         for u in T.unroll(ROWS_PER_THREAD):
             row = bx * ROWS_PER_CTA + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
             for h in T.unroll(WORDS_PER_THREAD // vec):
@@ -66,16 +67,21 @@ def build(v: ExpandToFusedVariant):
         for u in T.unroll(ROWS_PER_THREAD):
             row = bx * ROWS_PER_CTA + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
             if row < num_tokens:
-                for k in T.serial(num_topk):
-                    pos = P[row, k]
-                    if pos >= 0 and pos < num_expanded:
-                        for h in T.unroll(WORDS_PER_THREAD // vec):
-                            if col + h * vec < row_words:
-                                for j in T.vectorized(vec):
-                                    Y[
-                                        pos,
-                                        by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD + h * vec + j,
-                                    ] = xs[u, h * vec + j]
+                # Positions TOPK_BATCH at a time, all loaded before the stores that use them.
+                for kb in T.serial(T.ceildiv(num_topk, TOPK_BATCH)):
+                    for q in T.unroll(TOPK_BATCH):
+                        ps[q] = -1
+                        if kb * TOPK_BATCH + q < num_topk:
+                            ps[q] = P[row, kb * TOPK_BATCH + q]
+                    for q in T.unroll(TOPK_BATCH):
+                        if ps[q] >= 0 and ps[q] < num_expanded:
+                            for h in T.unroll(WORDS_PER_THREAD // vec):
+                                if col + h * vec < row_words:
+                                    for j in T.vectorized(vec):
+                                        Y[
+                                            ps[q],
+                                            by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD + h * vec + j,
+                                        ] = xs[u, h * vec + j]
             if row < num_expanded:
                 if E[row] < 0:
                     for h in T.unroll(WORDS_PER_THREAD // vec):

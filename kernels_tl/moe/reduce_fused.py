@@ -21,6 +21,7 @@ THREADS_PER_ROW = 64
 ELEMS = 16
 ROWS_PER_CTA = THREADS // THREADS_PER_ROW
 COLS_PER_CTA = THREADS_PER_ROW * ELEMS
+TOPK_BATCH = 4  # slots whose rows are loaded together (a runtime k is walked in batches of it)
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded per vector
 
@@ -62,32 +63,41 @@ def build(v: ReduceFusedVariant):
             row = bx * ROWS_PER_CTA + tx // THREADS_PER_ROW
             col = by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * ELEMS
             acc = T.alloc_local((ELEMS,), "float32")
-            xs = T.alloc_local((ELEMS,), in_dtype)
+            xs = T.alloc_local((TOPK_BATCH, ELEMS), in_dtype)
             ys = T.alloc_local((ELEMS,), out_dtype)
-            pos = T.alloc_var("int32")
+            ps = T.alloc_local((TOPK_BATCH,), "int32")
+            ss = T.alloc_local((TOPK_BATCH,), "float32")
             s = T.alloc_var("float32")
             for j in T.unroll(ELEMS):
                 acc[j] = T.float32(0)
             if row < num_tokens:
-                for k in T.serial(num_topk):
-                    pos = P[row, k]
-                    if pos >= 0 and pos < num_expanded:
-                        s = T.float32(1)
-                        if has_weights != 0:
-                            s = W[row, k]
-                        if has_x_sf != 0:
-                            s = s * XSF[pos]
-                        for h in T.unroll(ELEMS // vec):
-                            if col + h * vec < hidden:
-                                for j in T.vectorized(vec):
-                                    xs[h * vec + j] = X[
-                                        pos, by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * ELEMS + h * vec + j
-                                    ]
-                            else:
-                                for j in T.vectorized(vec):
-                                    xs[h * vec + j] = T.cast(0, in_dtype)
-                        for j in T.unroll(ELEMS):
-                            acc[j] = T.ieee_fmaf(T.cast(xs[j], "float32"), s, acc[j])
+                # Slots TOPK_BATCH at a time: their positions, multipliers and rows are all loaded
+                # before the fmaf chain consumes them in slot order.
+                for kb in T.serial(T.ceildiv(num_topk, TOPK_BATCH)):
+                    for q in T.unroll(TOPK_BATCH):
+                        ps[q] = -1
+                        if kb * TOPK_BATCH + q < num_topk:
+                            ps[q] = P[row, kb * TOPK_BATCH + q]
+                    for q in T.unroll(TOPK_BATCH):
+                        ss[q] = T.float32(1)
+                        if ps[q] >= 0 and ps[q] < num_expanded:
+                            if has_weights != 0:
+                                ss[q] = W[row, kb * TOPK_BATCH + q]
+                            if has_x_sf != 0:
+                                ss[q] = ss[q] * XSF[ps[q]]
+                            for h in T.unroll(ELEMS // vec):
+                                if col + h * vec < hidden:
+                                    for j in T.vectorized(vec):
+                                        xs[q, h * vec + j] = X[
+                                            ps[q], by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * ELEMS + h * vec + j
+                                        ]
+                                else:
+                                    for j in T.vectorized(vec):
+                                        xs[q, h * vec + j] = T.cast(0, in_dtype)
+                    for q in T.unroll(TOPK_BATCH):
+                        if ps[q] >= 0 and ps[q] < num_expanded:
+                            for j in T.unroll(ELEMS):
+                                acc[j] = T.ieee_fmaf(T.cast(xs[q, j], "float32"), ss[q], acc[j])
                 if has_sf != 0:
                     s = SF[0]
                     for j in T.unroll(ELEMS):

@@ -146,8 +146,6 @@ def get_fused_mapping(
 def check_positions(token_topk_to_pos, pos_to_expert, num_tokens: int) -> tuple[int, int]:
     """(num_topk, num_expanded_tokens) of int32 maps as get_fused_mapping returns them."""
     for t, name, dim in ((token_topk_to_pos, "token_topk_to_pos", 2), (pos_to_expert, "pos_to_expert", 1)):
-        if t is None and name == "pos_to_expert":
-            continue
         if not isinstance(t, torch.Tensor) or t.dim() != dim:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a {dim}-D tensor, got {got}")
@@ -160,7 +158,7 @@ def check_positions(token_topk_to_pos, pos_to_expert, num_tokens: int) -> tuple[
             f"token_topk_to_pos must have one row per token of x ({num_tokens}), got shape "
             f"{tuple(token_topk_to_pos.shape)}"
         )
-    return token_topk_to_pos.shape[1], (pos_to_expert.shape[0] if pos_to_expert is not None else -1)
+    return token_topk_to_pos.shape[1], pos_to_expert.shape[0]
 
 
 def _scatter_rows(src: torch.Tensor, out: torch.Tensor, token_topk_to_pos: torch.Tensor) -> None:
