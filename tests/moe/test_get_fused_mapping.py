@@ -161,3 +161,15 @@ def test_kernels_empty_input():
     check_against(
         tilebake.moe.get_fused_mapping(topk_idx, 32, 0, 16), tilebake.torch.get_fused_mapping(topk_idx, 32, 0, 16)
     )
+
+
+def test_moe_names_stay_functions_after_their_modules_load():
+    """Importing an op module (as the build and the registry do) must not replace the package's
+    function of the same name with the module."""
+    import importlib
+    import types
+
+    for module in ("get_fused_mapping", "expand_to_fused", "reduce_fused"):
+        importlib.import_module(f"tilebake.moe.{module}")
+    for name in tilebake.moe.__all__:
+        assert callable(getattr(tilebake.moe, name)) and not isinstance(getattr(tilebake.moe, name), types.ModuleType)

@@ -64,7 +64,8 @@ def reduce_fused(
         (T, H). Arithmetic, in fp32 and bit for bit the reference's: acc = 0, then for j = 0..k-1
         acc = fmaf(x[p], s_j, acc) with s_j = w[t, j] * x_sf[p] (one rounding each); acc * sf[0];
         then RNE to bf16 / fp32, or to e4m3 saturating at +-448 (NaN -> 0x7F). A token with no
-        valid slot gives zeros. CPU tensors take the reference path.
+        valid slot gives zeros. NaN inputs give NaN, but a bf16 NaN's payload may differ from the
+        reference's (0x7FFF on the GPU, 0x7FC0 from torch). CPU tensors take the reference path.
     """
     from tilebake.torch.mapping import check_reduce_args
 
