@@ -3,17 +3,20 @@
 Rows are moved as raw bytes (int32 words, 16-byte vectors), so one binary serves every data
 dtype; the host guarantees row bytes, row strides and pointers are multiples of 16 bytes.
 
-Thread mapping: a CTA covers ROWS_PER_CTA row indices r x COLS_PER_CTA words. Each thread owns
-WORDS_PER_THREAD consecutive words of ROWS_PER_THREAD rows. For r < num_tokens it loads x[r]'s
-words once and stores them at every position token_topk_to_pos[r, j] in [0, num_expanded); for
-r < num_expanded with pos_to_expert[r] < 0 (a padding row) it stores zeros at row r. The grid
-spans num_rows = max(num_tokens, num_expanded) row indices, the column tile varying fastest.
+Thread mapping: a CTA covers ROWS_PER_CTA tokens x COLS_PER_CTA words; each thread owns
+WORDS_PER_THREAD consecutive words of ROWS_PER_THREAD rows. It loads token r's words once and
+stores them at every position token_topk_to_pos[r, j] in [0, num_expanded), TOPK_BATCH positions
+loaded at a time. Padding rows (pos_to_expert < 0) are zeroed by the same CTAs, which walk the
+positions in chunks of ROWS_PER_CTA, grid_rows chunks apart (grid_rows >= ceil(T / ROWS_PER_CTA),
+chosen by the host so a CTA checks a few chunks: no CTA exists only to find no padding). The
+column tile varies fastest in the 1-D grid of grid_rows x ceil(row_words / COLS_PER_CTA) CTAs.
 with_sf: the CTAs of column tile 0 also move the SF rows (4-byte words: fp32 or packed UE8M0,
 any strides in words, so row- and column-major SF share the binary) the same way.
 """
 
 import tilelang.language as T
 
+from tilebake.moe.expand_to_fused import ROWS_PER_CTA as HOST_ROWS_PER_CTA
 from tilebake.moe.expand_to_fused import ExpandToFusedVariant
 
 THREADS = 128
@@ -22,6 +25,7 @@ ROWS_PER_THREAD = 2
 WORDS_PER_THREAD = 8  # two 16-byte vectors
 ROWS_PER_PASS = THREADS // THREADS_PER_ROW
 ROWS_PER_CTA = ROWS_PER_PASS * ROWS_PER_THREAD
+assert ROWS_PER_CTA == HOST_ROWS_PER_CTA  # the host sizes grid_rows with it
 COLS_PER_CTA = THREADS_PER_ROW * WORDS_PER_THREAD
 TOPK_BATCH = 4  # positions loaded together (a runtime k is walked in batches of it)
 
@@ -44,7 +48,7 @@ def build(v: ExpandToFusedVariant):
     vec = 4
 
     @T.macro
-    def body(X, Y, P, E, b):
+    def body(X, Y, P, E, b, grid_rows):
         bx = T.alloc_var("int32")
         by = T.alloc_var("int32")
         bx = b // num_col_tiles
@@ -82,15 +86,19 @@ def build(v: ExpandToFusedVariant):
                                             ps[q],
                                             by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD + h * vec + j,
                                         ] = xs[u, h * vec + j]
-            if row < num_expanded:
-                if E[row] < 0:
-                    for h in T.unroll(WORDS_PER_THREAD // vec):
-                        if col + h * vec < row_words:
-                            for j in T.vectorized(vec):
-                                Y[
-                                    row,
-                                    by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD + h * vec + j,
-                                ] = T.int32(0)
+        # Padding rows: position chunks of ROWS_PER_CTA, grid_rows CTAs apart.
+        for m in T.serial(T.ceildiv(num_expanded, grid_rows * ROWS_PER_CTA)):
+            for u in T.unroll(ROWS_PER_THREAD):
+                row = (m * grid_rows + bx) * ROWS_PER_CTA + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
+                if row < num_expanded:
+                    if E[row] < 0:
+                        for h in T.unroll(WORDS_PER_THREAD // vec):
+                            if col + h * vec < row_words:
+                                for j in T.vectorized(vec):
+                                    Y[
+                                        row,
+                                        by * COLS_PER_CTA + (tx % THREADS_PER_ROW) * WORDS_PER_THREAD + h * vec + j,
+                                    ] = T.int32(0)
 
     if not v.with_sf:
 
@@ -100,10 +108,10 @@ def build(v: ExpandToFusedVariant):
             Y: T.StridedTensor((num_expanded, row_words), (y_stride, 1), "int32"),
             P: T.Tensor((num_tokens, num_topk), "int32"),
             E: T.Tensor((num_expanded,), "int32"),
-            num_rows: T.int32,
+            grid_rows: T.int32,
         ):
-            with T.Kernel(T.ceildiv(num_rows, ROWS_PER_CTA) * num_col_tiles, threads=THREADS) as b:
-                body(X, Y, P, E, b)
+            with T.Kernel(grid_rows * num_col_tiles, threads=THREADS) as b:
+                body(X, Y, P, E, b, grid_rows)
 
         return expand_to_fused_kernel
 
@@ -115,9 +123,9 @@ def build(v: ExpandToFusedVariant):
         E: T.Tensor((num_expanded,), "int32"),
         XS: T.StridedTensor((num_tokens, sf_cols), (xs_stride_t, xs_stride_c), "int32"),
         YS: T.StridedTensor((num_expanded, sf_cols), (ys_stride_t, ys_stride_c), "int32"),
-        num_rows: T.int32,
+        grid_rows: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_rows, ROWS_PER_CTA) * num_col_tiles, threads=THREADS) as b:
+        with T.Kernel(grid_rows * num_col_tiles, threads=THREADS) as b:
             bx = T.alloc_var("int32")
             bx = b // num_col_tiles
             tx = T.get_thread_binding(0)
@@ -127,16 +135,20 @@ def build(v: ExpandToFusedVariant):
             if b % num_col_tiles == 0:
                 for u in T.unroll(ROWS_PER_THREAD):
                     row = bx * ROWS_PER_CTA + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
-                    for c in T.serial(lane, sf_cols, THREADS_PER_ROW):
-                        if row < num_tokens:
+                    if row < num_tokens:
+                        for c in T.serial(lane, sf_cols, THREADS_PER_ROW):
                             word = XS[row, c]
                             for k in T.serial(num_topk):
                                 pos = P[row, k]
                                 if pos >= 0 and pos < num_expanded:
                                     YS[pos, c] = word
+                for m in T.serial(T.ceildiv(num_expanded, grid_rows * ROWS_PER_CTA)):
+                    for u in T.unroll(ROWS_PER_THREAD):
+                        row = (m * grid_rows + bx) * ROWS_PER_CTA + u * ROWS_PER_PASS + tx // THREADS_PER_ROW
                         if row < num_expanded:
                             if E[row] < 0:
-                                YS[row, c] = T.int32(0)
-            body(X, Y, P, E, b)
+                                for c in T.serial(lane, sf_cols, THREADS_PER_ROW):
+                                    YS[row, c] = T.int32(0)
+            body(X, Y, P, E, b, grid_rows)
 
     return expand_to_fused_with_sf_kernel

@@ -13,6 +13,10 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
+from tilebake.utils import ceil_div
+
+ROWS_PER_CTA = 8  # tokens a CTA covers (kernels_tl/moe/expand_to_fused.py)
+PADDING_CHUNKS_PER_CTA = 8  # position chunks of ROWS_PER_CTA a CTA checks for padding, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +31,7 @@ class ExpandToFusedVariant(Variant):
         return (cls(False), cls(True))
 
 
-_ARGS = ("X", "Y", "P", "E", "num_rows", "num_tokens", "num_expanded", "num_topk", "row_words", "x_stride", "y_stride")
+_ARGS = ("X", "Y", "P", "E", "grid_rows", "num_tokens", "num_expanded", "num_topk", "row_words", "x_stride", "y_stride")
 _KERNELS = KernelTable(ExpandToFusedVariant, _ARGS)
 _SF_ARGS = ("XS", "YS", "sf_cols", "xs_stride_t", "xs_stride_c", "ys_stride_t", "ys_stride_c")
 _SF_KERNELS = KernelTable(ExpandToFusedVariant, _ARGS + _SF_ARGS)
@@ -73,9 +77,12 @@ def _launch_rows(x, out, token_topk_to_pos, pos_to_expert, sf=None, out_sf=None)
     if row_words == 0:  # no columns: nothing to move (and no SF columns either)
         return
     word = x.element_size()
+    # Every token chunk gets a CTA; more CTAs only where the padding check would otherwise take
+    # a CTA more than PADDING_CHUNKS_PER_CTA chunks.
+    grid_rows = max(ceil_div(num_tokens, ROWS_PER_CTA), ceil_div(num_expanded, ROWS_PER_CTA * PADDING_CHUNKS_PER_CTA))
     args = (
         x.data_ptr(), out.data_ptr(), token_topk_to_pos.data_ptr(), pos_to_expert.data_ptr(),
-        max(num_tokens, num_expanded), num_tokens, num_expanded, token_topk_to_pos.shape[1], row_words,
+        grid_rows, num_tokens, num_expanded, token_topk_to_pos.shape[1], row_words,
         x.stride(0) * word // 4, out.stride(0) * word // 4,
     )  # fmt: skip
     if sf is None:
