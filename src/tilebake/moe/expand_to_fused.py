@@ -13,6 +13,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
+from tilebake.moe._common import alloc_fused_sf, check_positions, check_quant_input
 from tilebake.utils import ceil_div
 
 ROWS_PER_CTA = 8  # tokens a CTA covers (kernels_tl/moe/expand_to_fused.py)
@@ -57,8 +58,6 @@ def _check_data(x: torch.Tensor, name: str) -> int:
 
 
 def _check_maps(x, token_topk_to_pos, pos_to_expert) -> tuple[int, int]:
-    from tilebake.torch.mapping import check_positions
-
     num_topk, num_expanded = check_positions(token_topk_to_pos, pos_to_expert, x.shape[0])
     for t, name in ((token_topk_to_pos, "token_topk_to_pos"), (pos_to_expert, "pos_to_expert")):
         if t.device != x.device:
@@ -145,9 +144,7 @@ def expand_to_fused_with_sf(
     Returns:
         (data (N, ...), sf (N, cols)), padding rows zero in both.
     """
-    from tilebake.torch.mapping import _check_quant_input, alloc_fused_sf
-
-    data, sf = _check_quant_input(x, num_per_channels)
+    data, sf = check_quant_input(x, num_per_channels)
     _check_data(data, "x[0]")
     _, num_expanded = _check_maps(data, token_topk_to_pos, pos_to_expert)
     if not data.is_cuda:

@@ -12,6 +12,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
+from tilebake.moe._common import check_mapping_args, mapping_size
 from tilebake.utils import ceil_div
 
 MAX_EXPERTS = 1024  # the scatter's per-warp counters live in shared memory (WARPS x MAX_EXPERTS int32)
@@ -87,8 +88,6 @@ def get_fused_mapping(
         expert_end - expert_start); the list is num_tokens_per_expert.tolist() after the sync, else [].
         CPU tensors take the reference path (tilebake.torch.get_fused_mapping, same values).
     """
-    from tilebake.torch.mapping import check_mapping_args, mapping_size
-
     num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")

@@ -14,6 +14,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
+from tilebake.moe._common import check_reduce_args
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +68,6 @@ def reduce_fused(
         valid slot gives zeros. NaN inputs give NaN, but a bf16 NaN's payload may differ from the
         reference's (0x7FFF on the GPU, 0x7FC0 from torch). CPU tensors take the reference path.
     """
-    from tilebake.torch.mapping import check_reduce_args
-
     data, x_sf, num_topk, out_dtype = check_reduce_args(x, topk_weights, token_topk_to_pos, fp8_format, sf)
     num_tokens, hidden = token_topk_to_pos.shape[0], data.shape[1]
     vec = 16 // data.element_size()
