@@ -530,3 +530,111 @@ def moe_topk_gate_backward_case(num_tokens, hidden):
 CASES["topk_gate"] = [topk_gate_case]
 CASES["normalize_weight"] = [normalize_weight_case]
 CASES["moe_topk_gate_backward"] = [moe_topk_gate_backward_case]
+
+
+# --- MoE token-to-expert mapping (TileKernels 1.0): k = 8 of E = 256 experts, segments aligned to 128.
+# Balanced routing (token t's slot j to expert (t * k + j) % E, no dropped slot), so the layout's row
+# count and the bytes moved are known exactly; the rows themselves are random.
+MAPPING_TOPK, MAPPING_EXPERTS, MAPPING_ALIGNMENT = 8, 256, 128
+
+
+def _mapping_rows(num_tokens):
+    """Rows of the balanced routing's fused layout."""
+    pairs = num_tokens * MAPPING_TOPK
+    counts = [pairs // MAPPING_EXPERTS + (e < pairs % MAPPING_EXPERTS) for e in range(MAPPING_EXPERTS)]
+    return sum(ceil_div(c, MAPPING_ALIGNMENT) * MAPPING_ALIGNMENT for c in counts)
+
+
+def _balanced_topk_idx(num_tokens):
+    flat = torch.arange(num_tokens * MAPPING_TOPK, device="cuda") % MAPPING_EXPERTS
+    return flat.view(num_tokens, MAPPING_TOPK).contiguous()
+
+
+def _balanced_layout(num_tokens):
+    p2e, _, _, ttp, *_ = tilebake.torch.get_fused_mapping(
+        _balanced_topk_idx(num_tokens), MAPPING_EXPERTS, 0, MAPPING_ALIGNMENT
+    )
+    return ttp, p2e
+
+
+def get_fused_mapping_case(num_tokens, hidden):
+    rows = _mapping_rows(num_tokens)
+    pairs = num_tokens * MAPPING_TOPK
+
+    def run(impl):
+        # force_no_sync: no host copy, so the call can be timed in a CUDA graph too.
+        return lambda idx: impl(idx, MAPPING_EXPERTS, 0, MAPPING_ALIGNMENT, force_no_sync=True)[:7]
+
+    def check(actual, expected):
+        """Equal values; the no-sync outputs keep the upper-bound row count (the tail is -1)."""
+        return all(torch.equal(a, e) for a, e in zip(actual, expected))
+
+    return {
+        "op": "get_fused_mapping",
+        "variant": f"k={MAPPING_TOPK}, E={MAPPING_EXPERTS}, alignment {MAPPING_ALIGNMENT}, no sync",
+        "make": lambda: (_balanced_topk_idx(num_tokens),),
+        "fn": run(tilebake.moe.get_fused_mapping),
+        "ref": run(tilebake.torch.get_fused_mapping),
+        "check": check,
+        # topk_idx read; token_topk_to_pos and the three pos_* maps (the rows in use) written
+        "bytes": pairs * 8 + pairs * 4 + rows * 3 * 4 + MAPPING_EXPERTS * 3 * 4,
+    }
+
+
+def expand_to_fused_case(num_tokens, hidden):
+    rows = _mapping_rows(num_tokens)
+
+    def make():
+        ttp, p2e = _balanced_layout(num_tokens)
+        return torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16), ttp, p2e
+
+    return {
+        "op": "expand_to_fused",
+        "variant": f"bf16, k={MAPPING_TOPK}, E={MAPPING_EXPERTS}, alignment {MAPPING_ALIGNMENT}",
+        "make": make,
+        "fn": lambda x, ttp, p2e: tilebake.moe.expand_to_fused(x, ttp, p2e),
+        "ref": lambda x, ttp, p2e: tilebake.torch.expand_to_fused(x, ttp, p2e),
+        # x read once, every row of the layout written (padding rows as zeros), the maps read
+        "bytes": num_tokens * hidden * 2 + rows * hidden * 2 + num_tokens * MAPPING_TOPK * 4 + rows * 4,
+    }
+
+
+def expand_to_fused_with_sf_case(num_tokens, hidden):
+    rows = _mapping_rows(num_tokens)
+    sf_cols = ceil_div(hidden, 128)
+
+    def make():
+        ttp, p2e = _balanced_layout(num_tokens)
+        x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+        return tilebake.torch.cast(x, "e4m3", (1, 128)), ttp, p2e
+
+    return {
+        "op": "expand_to_fused",
+        "variant": "expand_to_fused_with_sf e4m3 1x128 fp32 SF, row-major",
+        "make": make,
+        "fn": lambda q, ttp, p2e: tilebake.moe.expand_to_fused_with_sf(q, 128, ttp, p2e),
+        "ref": lambda q, ttp, p2e: tilebake.torch.expand_to_fused_with_sf(q, 128, ttp, p2e),
+        "bytes": (num_tokens + rows) * (hidden + sf_cols * 4) + num_tokens * MAPPING_TOPK * 4 + rows * 4,
+    }
+
+
+def reduce_fused_case(num_tokens, hidden):
+    def make():
+        ttp, p2e = _balanced_layout(num_tokens)
+        x = torch.randn(p2e.numel(), hidden, device="cuda").to(torch.bfloat16)
+        return x, torch.rand(num_tokens, MAPPING_TOPK, device="cuda"), ttp
+
+    return {
+        "op": "reduce_fused",
+        "variant": f"bf16 -> bf16, k={MAPPING_TOPK} weighted, E={MAPPING_EXPERTS}",
+        "make": make,
+        "fn": lambda x, w, ttp: tilebake.moe.reduce_fused(x, w, ttp),
+        "ref": lambda x, w, ttp: tilebake.torch.reduce_fused(x, w, ttp),
+        # the routed rows read (padding rows are not), the output written, weights and positions read
+        "bytes": num_tokens * MAPPING_TOPK * hidden * 2 + num_tokens * hidden * 2 + num_tokens * MAPPING_TOPK * 8,
+    }
+
+
+CASES["get_fused_mapping"] = [get_fused_mapping_case]
+CASES["expand_to_fused"] = [expand_to_fused_case, expand_to_fused_with_sf_case]
+CASES["reduce_fused"] = [reduce_fused_case]

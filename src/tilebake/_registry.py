@@ -1,7 +1,10 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.moe.expand_to_fused import ExpandToFusedVariant
+from tilebake.moe.get_fused_mapping import GetFusedMappingVariant
 from tilebake.moe.moe_topk_gate_backward import MoeTopkGateBackwardVariant
 from tilebake.moe.normalize_weight import NormalizeWeightVariant
+from tilebake.moe.reduce_fused import ReduceFusedVariant
 from tilebake.moe.topk_gate import TopkGateVariant
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast import CastVariant
@@ -35,6 +38,9 @@ VARIANT_TYPES = (
     TopkGateVariant,
     NormalizeWeightVariant,
     MoeTopkGateBackwardVariant,
+    GetFusedMappingVariant,
+    ExpandToFusedVariant,
+    ReduceFusedVariant,
 )
 
 

@@ -3,6 +3,7 @@
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
 from .fake_quant import per_token_cast_and_cast_back_ref
+from .mapping import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
 from .moe import moe_topk_gate_backward_ref, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .rope import rotary_embedding_ref
@@ -33,4 +34,8 @@ __all__ = [
     "swiglu_backward",
     "swiglu_forward",
     "unpack_from_e2m1fn_x2",
+    "get_fused_mapping",
+    "expand_to_fused",
+    "expand_to_fused_with_sf",
+    "reduce_fused",
 ]

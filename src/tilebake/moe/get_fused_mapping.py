@@ -1,0 +1,154 @@
+"""get_fused_mapping (TileKernels 1.0, api.md 1.11): the token-topk <-> expert-major mappings.
+
+Validate, allocate, launch. Kernels: kernels_tl/moe/get_fused_mapping.py (three launches: count,
+scan, scatter); reference and CPU path: tilebake.torch.mapping.get_fused_mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+from tilebake.moe._common import check_mapping_args, mapping_size
+from tilebake.utils import ceil_div
+
+MAX_EXPERTS = 1024  # the scatter's per-warp counters live in shared memory (WARPS x MAX_EXPERTS int32)
+WARPS = 8  # warps a CTA in count and scatter; one warp per segment
+SEGMENT_UNROLL = 8  # topk_idx loads a lane issues at once; segment steps are a multiple of it
+SCAN_THREADS = 1024
+SCAN_UNROLL = 4
+MAX_SEGMENTS = 256  # the scan walks at most MAX_SEGMENTS / 32 segments a thread
+
+
+@dataclasses.dataclass(frozen=True)
+class GetFusedMappingVariant(Variant):
+    family = "moe"
+    op = "get_fused_mapping"
+
+    stage: str  # 'count' | 'scan' | 'scatter': the three kernels, launched in this order
+
+    @classmethod
+    def all(cls):
+        return (cls("count"), cls("scan"), cls("scatter"))
+
+
+_COUNT = KernelTable(
+    GetFusedMappingVariant,
+    ("topk_idx", "counts", "pos_to_expert", "pos_to_token", "pos_to_token_topk", "seg_steps",
+     "numel", "num_experts", "num_segments", "num_expanded"),
+)  # fmt: skip
+_SCAN = KernelTable(GetFusedMappingVariant, ("counts", "offsets", "totals", "num_experts", "num_segments"))
+_SCATTER = KernelTable(
+    GetFusedMappingVariant,
+    ("topk_idx", "offsets", "totals", "pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos",
+     "expert_start", "expert_end", "num_tokens_per_expert", "num_topk", "alignment", "seg_steps",
+     "numel", "num_experts", "num_segments", "num_expanded"),
+)  # fmt: skip
+
+
+def segment_steps(numel: int) -> int:
+    """32-entry steps per warp segment: at least SEGMENT_UNROLL, and few enough segments
+    (<= MAX_SEGMENTS) that the scan stays short."""
+    steps = max(SEGMENT_UNROLL, ceil_div(numel, 32 * MAX_SEGMENTS))
+    return ceil_div(steps, SEGMENT_UNROLL) * SEGMENT_UNROLL
+
+
+def get_fused_mapping(
+    topk_idx: torch.Tensor,
+    num_experts: int,
+    num_expanded_tokens: int,
+    alignment: int,
+    force_no_sync: bool = False,
+):
+    """Mappings between (token, slot) pairs and the expert-major fused layout, where expert e's
+    pairs fill rows [expert_start[e], expert_start[e] + count) in ascending flat index
+    token * k + slot (deterministic, independent of the GPU), padded with rows of no token to
+    expert_end[e] = expert_start[e] + align(count, alignment).
+
+    Args:
+        topk_idx: int64 (T, k), contiguous. -1 drops the slot; so does any other value outside
+            [0, num_experts) (the original assumed there were none).
+        num_experts: E, 1 <= E <= 1024.
+        num_expanded_tokens: rows N of the layout. 0: the upper bound T * k + (alignment - 1) * E
+            rounded down to a multiple of alignment, and unless force_no_sync the per-expert row
+            counts are copied to the host (one device sync) and the pos_* outputs trimmed to the
+            rows in use. A pair whose row would be >= N is dropped (token_topk_to_pos -1).
+        alignment: each expert's row count is padded to a multiple of it (>= 1; a runtime value).
+        force_no_sync: with num_expanded_tokens == 0, keep the upper bound and skip the sync (the
+            original then produced zero-row outputs).
+
+    Returns:
+        (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+        num_tokens_per_expert, num_tokens_per_expert_list): int32 pos_* (N,) giving each row's
+        expert, token and token * k + slot, -1 on padding rows; token_topk_to_pos (T, k), -1 for a
+        dropped slot; expert_start, expert_end, num_tokens_per_expert (E,) (the aligned row count,
+        expert_end - expert_start); the list is num_tokens_per_expert.tolist() after the sync, else [].
+        CPU tensors take the reference path (tilebake.torch.get_fused_mapping, same values).
+    """
+    num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")
+    if not topk_idx.is_cuda:
+        from tilebake.torch.mapping import get_fused_mapping as reference
+
+        return reference(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+
+    should_sync = num_expanded_tokens == 0 and not force_no_sync
+    if num_expanded_tokens == 0:
+        num_expanded_tokens = mapping_size(num_tokens, num_topk, num_experts, alignment)
+    numel = num_tokens * num_topk
+    if numel >= 2**31:
+        raise ValueError(f"topk_idx must have fewer than 2^31 entries, got {numel}")
+    new = topk_idx.new_empty
+    pos_to_expert = new((num_expanded_tokens,), dtype=torch.int32)
+    pos_to_token = new((num_expanded_tokens,), dtype=torch.int32)
+    pos_to_token_topk = new((num_expanded_tokens,), dtype=torch.int32)
+    token_topk_to_pos = new((num_tokens, num_topk), dtype=torch.int32)
+    bounds = new((3, num_experts), dtype=torch.int32)
+    expert_start, expert_end, num_tokens_per_expert = bounds[0], bounds[1], bounds[2]
+
+    if numel == 0:
+        for t in (pos_to_expert, pos_to_token, pos_to_token_topk):
+            t.fill_(-1)
+        bounds.zero_()
+    else:
+        device = topk_idx.get_device()
+        steps = segment_steps(numel)
+        num_segments = ceil_div(numel, 32 * steps)
+        work = new((2 * num_segments + 1, num_experts), dtype=torch.int32)
+        counts, offsets, totals = work[:num_segments], work[num_segments : 2 * num_segments], work[-1]
+        idx, p2e = topk_idx.data_ptr(), pos_to_expert.data_ptr()
+        p2t, p2tt = pos_to_token.data_ptr(), pos_to_token_topk.data_ptr()
+        _COUNT["count",](
+            device, idx, counts.data_ptr(), p2e, p2t, p2tt, steps, numel, num_experts, num_segments,
+            num_expanded_tokens,
+        )  # fmt: skip
+        _SCAN["scan",](device, counts.data_ptr(), offsets.data_ptr(), totals.data_ptr(), num_experts, num_segments)
+        _SCATTER["scatter",](
+            device, idx, offsets.data_ptr(), totals.data_ptr(), p2e, p2t, p2tt, token_topk_to_pos.data_ptr(),
+            expert_start.data_ptr(), expert_end.data_ptr(), num_tokens_per_expert.data_ptr(), num_topk, alignment,
+            steps, numel, num_experts, num_segments, num_expanded_tokens,
+        )  # fmt: skip
+
+    counts_list: list[int] = []
+    if should_sync:
+        counts_list = num_tokens_per_expert.tolist()
+        used = sum(counts_list)
+        pos_to_expert, pos_to_token, pos_to_token_topk = (
+            pos_to_expert[:used],
+            pos_to_token[:used],
+            pos_to_token_topk[:used],
+        )
+    return (
+        pos_to_expert,
+        pos_to_token,
+        pos_to_token_topk,
+        token_topk_to_pos,
+        expert_start,
+        expert_end,
+        num_tokens_per_expert,
+        counts_list,
+    )
