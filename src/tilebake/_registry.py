@@ -1,5 +1,6 @@
 """Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
 
+from tilebake.moe.moe_topk_gate_forward import MoeTopkGateForwardVariant
 from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
 from tilebake.quant.cast import CastVariant
 from tilebake.quant.cast_back import CastBackVariant
@@ -27,6 +28,7 @@ VARIANT_TYPES = (
     NormBackwardVariant,
     SwigluForwardVariant,
     SwigluBackwardVariant,
+    MoeTopkGateForwardVariant,
 )
 
 

@@ -3,6 +3,7 @@
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
 from .fake_quant import per_token_cast_and_cast_back_ref
+from .gate import moe_topk_gate_forward_ref
 from .moe import normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .rope import rotary_embedding_ref
@@ -17,6 +18,7 @@ __all__ = [
     "cast_back",
     "get_mapping_from_psum",
     "grouped_topk",
+    "moe_topk_gate_forward_ref",
     "norm_backward_ref",
     "norm_forward_ref",
     "normalize_weight",
