@@ -38,7 +38,14 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guar
 
 WARPS = 4
 SLOTS = 16  # experts per lane: 512 / 32
+CHUNK = 4  # slots per chunk: a chunk past the last expert is skipped by a warp-uniform branch
+CHUNKS = SLOTS // CHUNK
 NO_EXPERT = 1 << 30  # the argmax sentinel's id
+
+
+def bit_set(word, j):
+    """Bit j of the uint32 `word` is 1."""
+    return (T.shift_right(word, T.cast(j, "uint32")) & T.uint32(1)) != T.uint32(0)
 
 
 def _nan():
@@ -128,42 +135,63 @@ def build(v: MoeTopkGateForwardVariant):
             if t < num_tokens:
                 # Load the logits (an absent expert: 0, never picked) and find non-finite ones.
                 nonfinite = 0
-                for j in T.unroll(SLOTS):
-                    sc[j] = T.float32(0)
-                    if j * 32 + lane < num_experts:
-                        sc[j] = L[t, j * 32 + lane]
-                        if not T.isfinite(sc[j]):
-                            nonfinite = 1
+                for c in T.unroll(CHUNKS):
+                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                        for jj in T.unroll(CHUNK):
+                            j = c * CHUNK + jj
+                            sc[j] = T.float32(0)
+                            if j * 32 + lane < num_experts:
+                                sc[j] = L[t, j * 32 + lane]
+                                if not T.isfinite(sc[j]):
+                                    nonfinite = 1
                 for k in T.unroll(5):
                     nonfinite = T.max(nonfinite, T.shfl_xor(nonfinite, 1 << k))
                 bad = nonfinite
                 # Scores.
                 if func == "softmax":
                     m = -T.infinity("float32")
-                    for j in T.unroll(SLOTS):
-                        if j * 32 + lane < num_experts:
-                            m = T.max(m, sc[j])
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                if j * 32 + lane < num_experts:
+                                    m = T.max(m, sc[j])
                     for k in T.unroll(5):
                         m = T.max(m, T.shfl_xor(m, 1 << k))
                     total = T.float32(0)
-                    for j in T.unroll(SLOTS):
-                        if j * 32 + lane < num_experts:
-                            sc[j] = T.exp(sc[j] - m)
-                            total = total + sc[j]
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                if j * 32 + lane < num_experts:
+                                    sc[j] = T.exp(sc[j] - m)
+                                    total = total + sc[j]
                     for k in T.unroll(5):
                         total = total + T.shfl_xor(total, 1 << k)
-                    for j in T.unroll(SLOTS):
-                        sc[j] = sc[j] / total
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                sc[j] = sc[j] / total
                 elif func == "sigmoid":
-                    for j in T.unroll(SLOTS):
-                        sc[j] = T.float32(1) / (T.float32(1) + T.exp(-sc[j]))
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                sc[j] = T.float32(1) / (T.float32(1) + T.exp(-sc[j]))
                 else:
-                    for j in T.unroll(SLOTS):
-                        sc[j] = T.sqrt(T.if_then_else(sc[j] > T.float32(20), sc[j], T.log1p(T.exp(sc[j]))))
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                sc[j] = T.sqrt(T.if_then_else(sc[j] > T.float32(20), sc[j], T.log1p(T.exp(sc[j]))))
                 if (flags & FLAG_SCORES) != 0:
-                    for j in T.unroll(SLOTS):
-                        if j * 32 + lane < num_experts:
-                            Scores[t, j * 32 + lane] = T.if_then_else(bad != 0, NAN, sc[j])
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                if j * 32 + lane < num_experts:
+                                    Scores[t, j * 32 + lane] = T.if_then_else(bad != 0, NAN, sc[j])
                 # The token's mode: mask > force_random > fix_routing_mask > top-k.
                 routed = 1
                 if (flags & FLAG_MASK) != 0:
@@ -178,16 +206,19 @@ def build(v: MoeTopkGateForwardVariant):
                 if (flags & FLAG_IMAGE) != 0:
                     image = T.if_then_else(ImageMask[t] != T.int8(0), 1, 0)
                 allow = T.uint32(0)
-                for j in T.unroll(SLOTS):
-                    sel[j] = sc[j]
-                    if j * 32 + lane < num_experts:
-                        allow = allow | T.shift_left(T.uint32(1), T.uint32(j))
-                        if image != 0:
-                            sel[j] = sc[j] + ImageBias[j * 32 + lane]
-                        elif (flags & FLAG_BIAS) != 0:
-                            sel[j] = sc[j] + Bias[j * 32 + lane]
-                        else:
-                            sel[j] = sc[j] + T.float32(0)
+                for c in T.unroll(CHUNKS):
+                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                        for jj in T.unroll(CHUNK):
+                            j = c * CHUNK + jj
+                            sel[j] = sc[j]
+                            if j * 32 + lane < num_experts:
+                                allow = allow | T.shift_left(T.uint32(1), T.uint32(j))
+                                if image != 0:
+                                    sel[j] = sc[j] + ImageBias[j * 32 + lane]
+                                elif (flags & FLAG_BIAS) != 0:
+                                    sel[j] = sc[j] + Bias[j * 32 + lane]
+                                else:
+                                    sel[j] = sc[j] + T.float32(0)
                 taken = T.uint32(0)
                 denom = T.float32(1e-20)
                 my_e = 0
@@ -196,19 +227,25 @@ def build(v: MoeTopkGateForwardVariant):
                     # DeepSeek-V3 groups: keep the num_topk_groups groups of largest top-2 sums.
                     if num_groups > 1 and rand == 0 and fixed == 0:
                         gsize = num_experts // num_groups
-                        for j in T.unroll(SLOTS):
-                            gid[j] = (j * 32 + lane) // gsize
+                        for c in T.unroll(CHUNKS):
+                            if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                for jj in T.unroll(CHUNK):
+                                    j = c * CHUNK + jj
+                                    gid[j] = (j * 32 + lane) // gsize
                         my_g = -T.infinity("float32")
                         for g in T.serial(num_groups):
                             a1 = -T.infinity("float32")
                             a2 = -T.infinity("float32")
-                            for j in T.unroll(SLOTS):
-                                if j * 32 + lane < num_experts and gid[j] == g:
-                                    if sel[j] > a1:
-                                        a2 = a1
-                                        a1 = sel[j]
-                                    elif sel[j] > a2:
-                                        a2 = sel[j]
+                            for c in T.unroll(CHUNKS):
+                                if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                    for jj in T.unroll(CHUNK):
+                                        j = c * CHUNK + jj
+                                        if j * 32 + lane < num_experts and gid[j] == g:
+                                            if sel[j] > a1:
+                                                a2 = a1
+                                                a1 = sel[j]
+                                            elif sel[j] > a2:
+                                                a2 = sel[j]
                             for k in T.unroll(5):
                                 b1 = T.shfl_xor(a1, 1 << k)
                                 b2 = T.shfl_xor(a2, 1 << k)
@@ -234,10 +271,13 @@ def build(v: MoeTopkGateForwardVariant):
                                 gmask = gmask | T.shift_left(T.uint32(1), T.cast(bi, "uint32"))
                                 if lane == bi:
                                     g_taken = 1
-                        for j in T.unroll(SLOTS):
-                            if j * 32 + lane < num_experts:
-                                if (T.shift_right(gmask, T.cast(gid[j], "uint32")) & T.uint32(1)) == T.uint32(0):
-                                    allow = allow & ~T.shift_left(T.uint32(1), T.uint32(j))
+                        for c in T.unroll(CHUNKS):
+                            if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                for jj in T.unroll(CHUNK):
+                                    j = c * CHUNK + jj
+                                    if j * 32 + lane < num_experts:
+                                        if not bit_set(gmask, gid[j]):
+                                            allow = allow & ~T.shift_left(T.uint32(1), T.uint32(j))
                     seed = T.cast(ep_rank, "uint32")
                     seed = fmix32(seed)
                     seed = seed ^ T.cast(t, "uint32")
@@ -268,12 +308,15 @@ def build(v: MoeTopkGateForwardVariant):
                                 # One argmax round (all values 0 for a random token: the smallest free expert).
                                 bv = -T.infinity("float32")
                                 bi = NO_EXPERT
-                                for j in T.unroll(SLOTS):
-                                    if (T.shift_right(allow & ~taken, T.uint32(j)) & T.uint32(1)) != T.uint32(0):
-                                        v = T.if_then_else(rand != 0, T.float32(0), sel[j])
-                                        if v > bv or (v == bv and j * 32 + lane < bi):
-                                            bv = v
-                                            bi = j * 32 + lane
+                                for c in T.unroll(CHUNKS):
+                                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                        for jj in T.unroll(CHUNK):
+                                            j = c * CHUNK + jj
+                                            if bit_set(allow & ~taken, j):
+                                                v = T.if_then_else(rand != 0, T.float32(0), sel[j])
+                                                if v > bv or (v == bv and j * 32 + lane < bi):
+                                                    bv = v
+                                                    bi = j * 32 + lane
                                 for k in T.unroll(5):
                                     ov = T.shfl_xor(bv, 1 << k)
                                     oi = T.shfl_xor(bi, 1 << k)
@@ -289,9 +332,12 @@ def build(v: MoeTopkGateForwardVariant):
                             taken = taken | T.shift_left(T.uint32(1), T.cast(e // 32, "uint32"))
                         ex = e // 32
                         v = T.float32(0)
-                        for j in T.unroll(SLOTS):
-                            if j == ex:
-                                v = sc[j]
+                        for c in T.unroll(CHUNKS):
+                            if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                for jj in T.unroll(CHUNK):
+                                    j = c * CHUNK + jj
+                                    if j == ex:
+                                        v = sc[j]
                         s = T.shfl_sync(v, e % 32)
                         denom = denom + s
                         if lane == r:
