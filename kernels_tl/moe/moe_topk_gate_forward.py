@@ -129,7 +129,7 @@ def build(v: MoeTopkGateForwardVariant):
             total = T.alloc_var("float32")
             gsize = T.alloc_var("int32")
             le = T.alloc_var("int32")
-            c = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
             phys = T.alloc_var("int64")
             w = T.alloc_var("float32")
             if t < num_tokens:
@@ -356,11 +356,11 @@ def build(v: MoeTopkGateForwardVariant):
                             w = T.float32(1)
                     phys = T.cast(le, "int64")
                     if le >= 0 and (flags & FLAG_MAP) != 0:
-                        c = Count[le]
+                        cnt = Count[le]
                         phys = T.int64(-1)
-                        if c >= 1 and c <= dup:
+                        if cnt >= 1 and cnt <= dup:
                             phys = T.cast(
-                                Map[le, (T.cast(ep_rank, "int64") + T.cast(t, "int64") * PHYSICAL_STRIDE) % c],
+                                Map[le, (T.cast(ep_rank, "int64") + T.cast(t, "int64") * PHYSICAL_STRIDE) % cnt],
                                 "int64",
                             )
                     OutIdx[t, lane] = phys

@@ -377,6 +377,47 @@ def test_cpu_path_alias_out_and_empty():
     assert idx.shape == (0, 5) and w.shape == (0, 5)
 
 
+def check_torch_compile(device, backend):
+    """torch.compile(fullgraph=True) traces the op through its torch.library schema (mutating
+    unmapped_topk_idx and scores, filling an out pair); same results as eager."""
+    num_tokens, num_experts, k = 29, 64, 6
+    logits = torch.randn(num_tokens, num_experts, device=device)
+    opts = make_options(num_tokens, num_experts, k, 1, ALL, device=device)
+
+    def run(logits, unmapped, scores, out):
+        o = dict(opts, unmapped_topk_idx=unmapped)
+        a = tilebake.moe.moe_topk_gate_forward(logits, k, True, 1, 2.0, 3, "softmax", scores=scores, **o)
+        b = tilebake.moe.moe_topk_gate(logits, k, True, 1, 2.0, 3, "softmax", out=out, num_groups=8, num_topk_groups=2)
+        return a, b
+
+    results = []
+    for f in (run, torch.compile(run, fullgraph=True, backend=backend)):
+        unmapped = opts["unmapped_topk_idx"].clone()
+        scores = torch.empty(num_tokens, num_experts, device=device)
+        out = (
+            torch.empty(num_tokens, k + 1, dtype=torch.int64, device=device),
+            torch.empty(num_tokens, k + 1, device=device),
+        )
+        (a, b) = f(logits, unmapped, scores, out)
+        results.append((a, b, unmapped, scores, out))
+    (a, b, unmapped, scores, out), (ca, cb, cunmapped, cscores, cout) = results
+    for x, y in (
+        (a[0], ca[0]),
+        (a[1], ca[1]),
+        (b[0], cb[0]),
+        (unmapped, cunmapped),
+        (scores, cscores),
+        (out[0], cout[0]),
+        (out[1], cout[1]),
+    ):
+        assert torch.equal(x, y)
+    assert torch.equal(cout[0], cb[0]) and not torch.equal(unmapped, opts["unmapped_topk_idx"])
+
+
+def test_cpu_torch_compile_fullgraph_traces_without_breaks():
+    check_torch_compile("cpu", "aot_eager")
+
+
 def test_strided_logits_and_unmapped_rows():
     wide = torch.randn(13, 100)
     logits = wide[:, 10:74]
@@ -567,3 +608,8 @@ def test_gpu_alias_empty_and_nan_bias_stays_in_bounds():
     idx, w = tilebake.moe.moe_topk_gate_forward(logits, 8, False, 0, 1.0, 0, bias=bias)
     torch.cuda.synchronize()
     assert ((idx == -1) | ((idx >= 0) & (idx < 64))).all()  # unspecified, but in range, and no hang
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph():
+    check_torch_compile("cuda", "inductor")

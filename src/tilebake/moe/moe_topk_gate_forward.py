@@ -125,6 +125,30 @@ def moe_topk_gate_forward(
         mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
         unmapped_topk_idx, force_random, out, scores, num_groups, num_topk_groups,
     )  # fmt: skip
+    if torch.compiler.is_compiling():
+        idx, weights = torch.ops.tilebake.moe_topk_gate_forward(
+            logits, num_topk, use_shared_as_routed, num_shared_experts, float(routed_scaling_factor), ep_rank,
+            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+            logical_count, unmapped_topk_idx, force_random, scores, num_groups, num_topk_groups,
+        )  # fmt: skip
+        if out is None:
+            return idx, weights
+        out[0].copy_(idx)
+        out[1].copy_(weights)
+        return out[0], out[1]
+    return _forward(
+        logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
+        mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+        unmapped_topk_idx, force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared,
+    )  # fmt: skip
+
+
+def _forward(
+    logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask,
+    bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
+    force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared,
+):  # fmt: skip
+    """The eager path of checked arguments: the reference on the CPU, else the kernel."""
     if not logits.is_cuda:
         from tilebake.torch.gate import moe_topk_gate_forward_ref
 
@@ -174,6 +198,43 @@ def moe_topk_gate_forward(
         to_physical_map.stride(0) if to_physical_map is not None else 0,
     )  # fmt: skip
     return idx, weights
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it. Functional
+# outputs (an `out` pair is filled by traced copies); unmapped_topk_idx and scores are mutated.
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "moe_topk_gate_forward(Tensor logits, int num_topk, bool use_shared_as_routed, int num_shared_experts,"
+    " float routed_scaling_factor, int ep_rank, str scoring_func, Tensor? mask, Tensor? bias, Tensor? image_bias,"
+    " Tensor? image_token_mask, Tensor? fix_routing_mask, Tensor? to_physical_map, Tensor? logical_count,"
+    " Tensor(a!)? unmapped_topk_idx, Tensor? force_random, Tensor(b!)? scores, int num_groups, int num_topk_groups)"
+    " -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(logits, num_topk, use_shared, num_shared, rsf, ep_rank, func, *tensors_and_groups):
+    *tensors, scores, num_groups, num_topk_groups = tensors_and_groups
+    num_tokens, num_experts = logits.shape
+    shared = num_shared if use_shared else 0
+    return _forward(
+        logits, num_topk, use_shared, num_shared, rsf, ep_rank, func, *tensors, None, scores, num_groups,
+        num_topk_groups, num_tokens, num_experts, num_topk, shared,
+    )  # fmt: skip
+
+
+def _meta(logits, num_topk, use_shared, num_shared, *rest):
+    width = num_topk + (num_shared if use_shared else 0)
+    return (
+        logits.new_empty((logits.shape[0], width), dtype=torch.int64),
+        logits.new_empty((logits.shape[0], width), dtype=torch.float32),
+    )
+
+
+# Meta kernels rather than register_fake: free at import (see quant/per_token_cast.py).
+for _key in ("CPU", "CUDA"):
+    _lib.impl("moe_topk_gate_forward", _op_impl, _key)
+_lib.impl("moe_topk_gate_forward", _meta, "Meta")
 
 
 def moe_topk_gate(*args, **kwargs):
