@@ -16,6 +16,10 @@ from tilebake.torch.topk import score
 
 FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
 M32 = 0xFFFFFFFF
+# Separated inputs: no two distinct selection values (or group scores) this close at the top-k
+# boundary, 10x the 1e-6 the original uses, far above the few-ulp score differences of two
+# implementations (scores lie in (0, 1), bias tiers 1.0 apart).
+MIN_GAP = 1e-5
 
 
 # ---------------------------------------------------------------- an independent brute force
@@ -153,7 +157,7 @@ def make_options(num_tokens, num_experts, k, shared, which, device="cpu", dup=3)
 
 
 def separated_logits(num_tokens, num_experts, k, func, bias=None, num_groups=1, num_topk_groups=1, ties=True):
-    """fp32 logits whose selection values (score + bias, float64) have no gap in (0, 1e-6] among
+    """fp32 logits whose selection values (score + bias, float64) have no gap in (0, MIN_GAP] among
     the top k + 1 (and, grouped, among the group scores), so a last-ulp difference between two
     implementations' score arithmetic cannot reorder them; a third of the rows get an exact tie
     (a copy of the row's best logit on an expert of equal bias)."""
@@ -176,7 +180,7 @@ def separated_logits(num_tokens, num_experts, k, func, bias=None, num_groups=1, 
     def bad_gaps(v, upto):
         top = torch.sort(v, dim=1, descending=True).values[:, : upto + 1]
         gaps = top[:, :-1] - top[:, 1:]
-        return ((gaps > 0) & (gaps <= 1e-6)).any(dim=1)
+        return ((gaps > 0) & (gaps <= MIN_GAP)).any(dim=1)
 
     def check(x):
         sel = scores64(x) + bias64
@@ -613,3 +617,17 @@ def test_gpu_alias_empty_and_nan_bias_stays_in_bounds():
 @pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph():
     check_torch_compile("cuda", "inductor")
+
+
+def test_constants_agree_with_the_reference_and_names_stay_functions():
+    import importlib
+
+    from tilebake.torch import gate, topk
+
+    mod = importlib.import_module("tilebake.moe.moe_topk_gate_forward")
+    assert mod.SCORING_FUNCS == topk.SCORING_FUNCS
+    assert (mod.DRAWS_PER_SLOT, mod.PHYSICAL_STRIDE) == (gate.DRAWS_PER_SLOT, gate.PHYSICAL_STRIDE)
+    assert callable(tilebake.moe.moe_topk_gate_forward) and tilebake.moe.moe_topk_gate_forward.__name__ == (
+        "moe_topk_gate_forward"
+    )
+    assert tilebake.moe.moe_topk_gate.__name__ == "moe_topk_gate"

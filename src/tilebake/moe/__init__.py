@@ -1,5 +1,43 @@
-"""MoE routing (the original's tile_kernels.moe)."""
+"""MoE routing (the original's tile_kernels.moe).
 
-from tilebake.moe.moe_topk_gate_forward import moe_topk_gate, moe_topk_gate_forward
+Each op's module (its checks, torch.library schema and kernel table) loads on first use of one
+of its functions, as in tilebake.quant.
+"""
 
-__all__ = ["moe_topk_gate", "moe_topk_gate_forward"]
+import importlib
+import sys
+import types
+
+# public name -> the module that defines it
+_MODULES = {
+    "moe_topk_gate": "moe_topk_gate_forward",
+    "moe_topk_gate_forward": "moe_topk_gate_forward",
+}
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        value = getattr(importlib.import_module(f"tilebake.moe.{_MODULES[name]}"), name)
+    else:
+        raise AttributeError(f"module 'tilebake.moe' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule binds it as an attribute of its package; an op shares its module's
+    name, so that binding would hide the function. Keep the public names for the functions."""
+
+    def __setattr__(self, name, value):
+        if not (isinstance(value, types.ModuleType) and name in _MODULES):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])
+
+
+__all__ = [*_MODULES]
