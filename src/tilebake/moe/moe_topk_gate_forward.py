@@ -150,10 +150,11 @@ def moe_topk_gate_forward(
 def _forward(
     logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask,
     bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
-    force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared,
+    force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared, kernels=None,
 ):  # fmt: skip
-    """The eager path of checked arguments: the reference on the CPU, else the kernel."""
-    if not logits.is_cuda:
+    """The eager path of checked arguments: the reference on the CPU, else the kernel. `kernels`:
+    a stand-in for the kernel table (tests/moe/test_moe_topk_gate_forward_emulated.py)."""
+    if kernels is None and not logits.is_cuda:
         from tilebake.torch.gate import moe_topk_gate_forward_ref
 
         return moe_topk_gate_forward_ref(
@@ -191,7 +192,7 @@ def _forward(
             ptrs[name] = t.data_ptr()
             flags |= bit
     dup = to_physical_map.shape[1] if to_physical_map is not None else 1
-    _KERNELS[(scoring_func,)](
+    (_KERNELS if kernels is None else kernels)[(scoring_func,)](
         logits.get_device(),
         logits.data_ptr(), ptrs["Bias"], ptrs["ImageBias"], ptrs["Mask"], ptrs["ImageMask"], ptrs["FixMask"],
         ptrs["Random"], ptrs["Map"], ptrs["Count"], ptrs["Unmapped"], idx.data_ptr(), weights.data_ptr(),
