@@ -1,12 +1,12 @@
 """Run a lowered warp-synchronous kernel on the CPU (a development check for a GPU-less host).
 
 The kernel's CUDA C++ (`aot.py lower` output) is compiled by g++ with a small prelude: each of
-32 std::threads plays one lane, and every __shfl_sync / __shfl_xor_sync is a pair of barrier
-waits around a shared 32-slot buffer. The threads run every (block, warp) of the grid in turn,
-one warp at a time. This fits kernels whose threads talk only through warp shuffles (no shared
-memory, no __syncthreads) and whose shuffles are warp-uniform (a divergent shuffle deadlocks
-here, which is a bug on the GPU too). Math functions are glibc's, not CUDA's: compare with the
-tolerances of a second implementation.
+32 std::threads plays one lane, and every __shfl_sync / __shfl_xor_sync / __reduce_max_sync /
+__reduce_min_sync (unsigned) is a pair of barrier waits around a shared 32-slot buffer. The
+threads run every (block, warp) of the grid in turn, one warp at a time. This fits kernels whose
+threads talk only through warp collectives (no shared memory, no __syncthreads) that are
+warp-uniform (a divergent one deadlocks here, which is a bug on the GPU too). Math functions are
+glibc's, not CUDA's: compare with the tolerances of a second implementation.
 
     python build_tools/warp_emu.py KERNEL.cu OUT.so
 builds OUT.so exporting `run(<the kernel's parameters>, int grid)` and writes OUT.so.params
@@ -49,6 +49,21 @@ template <class T> T __shfl_sync(unsigned, T v, int src, int) {
 template <class T> T __shfl_xor_sync(unsigned m, T v, int d, int w) {
   return __shfl_sync(m, v, (threadIdx.x & 31) ^ d, w);
 }
+inline unsigned redux(unsigned v, bool take_max) {
+  int lane = threadIdx.x & 31;
+  Buf<unsigned>::a[lane] = v;
+  g_bar->arrive_and_wait();
+  unsigned r = Buf<unsigned>::a[0];
+  for (int i = 1; i < 32; ++i) {
+    unsigned x = Buf<unsigned>::a[i];
+    r = take_max ? (x > r ? x : r) : (x < r ? x : r);
+  }
+  g_bar->arrive_and_wait();
+  return r;
+}
+inline unsigned __reduce_max_sync(unsigned, unsigned v) { return redux(v, true); }
+inline unsigned __reduce_min_sync(unsigned, unsigned v) { return redux(v, false); }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float max(float a, float b) { return fmaxf(a, b); }  // CUDA's fmaxf: a NaN operand loses

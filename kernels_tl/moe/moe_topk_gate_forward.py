@@ -41,11 +41,18 @@ SLOTS = 16  # experts per lane: 512 / 32
 CHUNK = 4  # slots per chunk: a chunk past the last expert is skipped by a warp-uniform branch
 CHUNKS = SLOTS // CHUNK
 NO_EXPERT = 1 << 30  # the argmax sentinel's id
+FULL = 0xFFFFFFFF  # every lane of the warp
+ZERO_KEY = 0x80000000  # the key of 0.0
 
 
 def bit_set(word, j):
     """Bit j of the uint32 `word` is 1."""
     return (T.shift_right(word, T.cast(j, "uint32")) & T.uint32(1)) != T.uint32(0)
+
+
+def group_of(expert, inv):
+    """expert // group size, with inv = ceil(2^32 / group size): umulhi is exact for experts < 2^16."""
+    return T.cast(T.call_extern("uint32", "__umulhi", T.cast(expert, "uint32"), inv), "int32")
 
 
 def _nan():
@@ -94,6 +101,12 @@ def build(v: MoeTopkGateForwardVariant):
             t = b * WARPS + tx // 32
             sc = T.alloc_local((SLOTS,), "float32")  # unbiased scores
             sel = T.alloc_local((SLOTS,), "float32")  # selection values: score + bias
+            keys = T.alloc_local((SLOTS,), "uint32")  # sel as order-preserving integers
+            kb = T.alloc_var("uint32")
+            lk = T.alloc_var("uint32")
+            li = T.alloc_var("int32")
+            mk = T.alloc_var("uint32")
+            bu = T.alloc_var("uint32")
             gid = T.alloc_local((SLOTS,), "int32")  # group of each held expert
             nonfinite = T.alloc_var("int32")
             bad = T.alloc_var("int32")
@@ -128,6 +141,7 @@ def build(v: MoeTopkGateForwardVariant):
             m = T.alloc_var("float32")
             total = T.alloc_var("float32")
             gsize = T.alloc_var("int32")
+            inv = T.alloc_var("uint32")
             le = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
             phys = T.alloc_var("int64")
@@ -219,6 +233,14 @@ def build(v: MoeTopkGateForwardVariant):
                                     sel[j] = sc[j] + Bias[j * 32 + lane]
                                 else:
                                     sel[j] = sc[j] + T.float32(0)
+                                # The order-preserving integer key of sel[j] (-0 as +0).
+                                kb = T.reinterpret(sel[j], "uint32")
+                                if kb == T.uint32(0x80000000):
+                                    kb = T.uint32(0)
+                                if kb >= T.uint32(0x80000000):
+                                    keys[j] = ~kb
+                                else:
+                                    keys[j] = kb | T.uint32(0x80000000)
                 taken = T.uint32(0)
                 denom = T.float32(1e-20)
                 my_e = 0
@@ -227,32 +249,60 @@ def build(v: MoeTopkGateForwardVariant):
                     # DeepSeek-V3 groups: keep the num_topk_groups groups of largest top-2 sums.
                     if num_groups > 1 and rand == 0 and fixed == 0:
                         gsize = num_experts // num_groups
+                        # x // gsize for x < 2^16 as umulhi(x, ceil(2^32 / gsize)): exact (x * gsize < 2^32).
+                        inv = T.uint32(0xFFFFFFFF) // T.cast(gsize, "uint32") + T.uint32(1)
                         for c in T.unroll(CHUNKS):
                             if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
                                 for jj in T.unroll(CHUNK):
                                     j = c * CHUNK + jj
-                                    gid[j] = (j * 32 + lane) // gsize
+                                    gid[j] = group_of(j * 32 + lane, inv)
                         my_g = -T.infinity("float32")
-                        for g in T.serial(num_groups):
+                        if gsize % 32 == 0:
+                            # A group is whole slots (e.g. 256 experts in 8 groups): one pass over the
+                            # slots, a top-2 butterfly at the end of each group.
                             a1 = -T.infinity("float32")
                             a2 = -T.infinity("float32")
                             for c in T.unroll(CHUNKS):
                                 if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
                                     for jj in T.unroll(CHUNK):
                                         j = c * CHUNK + jj
-                                        if j * 32 + lane < num_experts and gid[j] == g:
+                                        if j * 32 < num_experts:  # uniform: num_experts % 32 == 0 here
                                             if sel[j] > a1:
                                                 a2 = a1
                                                 a1 = sel[j]
                                             elif sel[j] > a2:
                                                 a2 = sel[j]
-                            for k in T.unroll(5):
-                                b1 = T.shfl_xor(a1, 1 << k)
-                                b2 = T.shfl_xor(a2, 1 << k)
-                                a2 = T.max(T.min(a1, b1), T.max(a2, b2))
-                                a1 = T.max(a1, b1)
-                            if lane == g:
-                                my_g = a1 + a2
+                                            if group_of((j + 1) * 32, inv) != group_of(j * 32, inv):  # group ends
+                                                for k in T.unroll(5):
+                                                    b1 = T.shfl_xor(a1, 1 << k)
+                                                    b2 = T.shfl_xor(a2, 1 << k)
+                                                    a2 = T.max(T.min(a1, b1), T.max(a2, b2))
+                                                    a1 = T.max(a1, b1)
+                                                if lane == group_of(j * 32, inv):
+                                                    my_g = a1 + a2
+                                                a1 = -T.infinity("float32")
+                                                a2 = -T.infinity("float32")
+                        else:
+                            for g in T.serial(num_groups):
+                                a1 = -T.infinity("float32")
+                                a2 = -T.infinity("float32")
+                                for c in T.unroll(CHUNKS):
+                                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                                        for jj in T.unroll(CHUNK):
+                                            j = c * CHUNK + jj
+                                            if j * 32 + lane < num_experts and gid[j] == g:
+                                                if sel[j] > a1:
+                                                    a2 = a1
+                                                    a1 = sel[j]
+                                                elif sel[j] > a2:
+                                                    a2 = sel[j]
+                                for k in T.unroll(5):
+                                    b1 = T.shfl_xor(a1, 1 << k)
+                                    b2 = T.shfl_xor(a2, 1 << k)
+                                    a2 = T.max(T.min(a1, b1), T.max(a2, b2))
+                                    a1 = T.max(a1, b1)
+                                if lane == g:
+                                    my_g = a1 + a2
                         gmask = T.uint32(0)
                         g_taken = 0
                         for r in T.serial(num_topk_groups):
@@ -305,25 +355,25 @@ def build(v: MoeTopkGateForwardVariant):
                                             found = 1
                                             e = cand
                             if e < 0:
-                                # One argmax round (all values 0 for a random token: the smallest free expert).
-                                bv = -T.infinity("float32")
-                                bi = NO_EXPERT
+                                # One argmax round (all keys equal for a random token: the smallest free
+                                # expert): the lane's best (key, expert), the first of equal keys being the
+                                # smaller expert; then the warp's largest key and, among the lanes holding
+                                # it, the smallest expert (two redux.sync).
+                                lk = T.uint32(0)  # 0: no candidate (every float's key exceeds it)
+                                li = NO_EXPERT
                                 for c in T.unroll(CHUNKS):
                                     if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
                                         for jj in T.unroll(CHUNK):
                                             j = c * CHUNK + jj
                                             if bit_set(allow & ~taken, j):
-                                                v = T.if_then_else(rand != 0, T.float32(0), sel[j])
-                                                if v > bv or (v == bv and j * 32 + lane < bi):
-                                                    bv = v
-                                                    bi = j * 32 + lane
-                                for k in T.unroll(5):
-                                    ov = T.shfl_xor(bv, 1 << k)
-                                    oi = T.shfl_xor(bi, 1 << k)
-                                    if ov > bv or (ov == bv and oi < bi):
-                                        bv = ov
-                                        bi = oi
-                                if bi < num_experts:
+                                                kv = T.if_then_else(rand != 0, T.uint32(ZERO_KEY), keys[j])
+                                                if kv > lk:
+                                                    lk = kv
+                                                    li = j * 32 + lane
+                                mk = T.call_extern("uint32", "__reduce_max_sync", T.uint32(FULL), lk)
+                                bu = T.if_then_else(lk == mk, T.cast(li, "uint32"), T.uint32(NO_EXPERT))
+                                bi = T.cast(T.call_extern("uint32", "__reduce_min_sync", T.uint32(FULL), bu), "int32")
+                                if mk != T.uint32(0) and bi < num_experts:
                                     e = bi
                                 else:
                                     bad = 1

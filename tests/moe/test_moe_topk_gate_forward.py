@@ -524,6 +524,8 @@ GPU_SHAPES = [  # (tokens, experts, k, use_shared, num_shared, num_groups, num_t
     (500, 64, 4, True, 1, 8, 2),
     (257, 33, 5, False, 0, 1, 1),
     (64, 12, 12, True, 1, 3, 3),
+    (1000, 512, 8, False, 0, 8, 4),
+    (300, 96, 5, False, 0, 3, 1),
 ]
 
 

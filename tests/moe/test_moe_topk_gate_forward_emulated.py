@@ -99,6 +99,9 @@ SHAPES = [  # (tokens, experts, k, use_shared, num_shared, num_groups, num_topk_
     (33, 64, 4, True, 1, 8, 2),
     (17, 33, 5, False, 0, 1, 1),
     (8, 12, 12, True, 1, 3, 3),
+    (19, 512, 8, False, 0, 8, 4),  # groups of 64 experts: whole slots
+    (11, 128, 6, True, 1, 4, 2),  # groups of 32
+    (7, 96, 5, False, 0, 3, 1),  # groups of 32, a partial chunk
 ]
 
 
