@@ -4,14 +4,21 @@ One warp per token, 4 tokens per CTA. Lane l holds experts l, l + 32, ..., l + 4
 expert j * 32 + l; up to 512 experts), so each load instruction of a warp reads 128 consecutive
 bytes. The token's routed experts are picked one slot at a time, every lane ending with the same
 (warp-uniform) expert id e, whose unbiased score is then fetched from its owner lane e % 32:
-  - top-k: a warp argmax of (selection value, -expert id) over the lane's available experts
-    (not taken, in a kept group), then a 5-step xor butterfly; the comparison is a total order
-    on the candidates (sentinel (-inf, 1 << 30); a NaN never enters), so all lanes agree;
-  - grouped (num_groups > 1): first each group's top-2 sum by a butterfly on (max, second),
-    then num_topk_groups rounds of argmax over the group lanes;
+  - top-k: the selection values as order-preserving uint32 keys (-0 as +0); each lane's best
+    available key (not taken, in a kept group; the first of equal keys is its smaller expert),
+    then __reduce_max_sync of the keys and __reduce_min_sync of the experts holding the max:
+    ties go to the smaller expert, and every lane gets the same answer;
+  - grouped (num_groups > 1): first each group's top-2 sum by a butterfly on (max, second) (one
+    pass over the slots when a group is whole slots, group size % 32 == 0), then
+    num_topk_groups rounds of a (score, -group) argmax butterfly over the group lanes;
   - fixed routing: the ids read from unmapped_topk_idx;
   - force_random: hashed draws (tilebake.torch.gate.random_experts), a taken draw redrawn, the
     argmax round with all values 0 (the smallest free expert) as the fallback.
+Slots come in chunks of 4 (128 experts); a chunk past the last expert is skipped by a warp-uniform
+branch. A non-finite logit (a warp vote) makes the token unrouted before any selection, so the
+selection never sees a NaN. Every loop has a fixed or argument bound (the random draws: 64 per
+slot), so nothing can hang. CPU check without a GPU: build_tools/warp_emu.py and
+tests/moe/test_moe_topk_gate_forward_emulated.py.
 Everything but the scoring function is a runtime argument (the FLAG_* bits of `flags`; an
 absent tensor is given a valid dummy pointer and never read).
 """
