@@ -638,3 +638,37 @@ def reduce_fused_case(num_tokens, hidden):
 CASES["get_fused_mapping"] = [get_fused_mapping_case]
 CASES["expand_to_fused"] = [expand_to_fused_case, expand_to_fused_with_sf_case]
 CASES["reduce_fused"] = [reduce_fused_case]
+
+
+def moe_topk_gate_forward_case(num_tokens, hidden):
+    """The DeepSeek-V3-sized router: 256 routed experts, top-8, sqrtsoftplus, score-correction
+    bias (the case ignores `hidden`: the router's input is the logits)."""
+    num_experts, k = 256, 8
+
+    def make():
+        logits = torch.randn(num_tokens, num_experts, device="cuda")
+        bias = torch.randn(num_experts, device="cuda") * 0.1
+        return logits, bias
+
+    def check(actual, expected):
+        """Indices equal wherever the token's top-k is not decided by a last-ulp score difference
+        (random logits: almost every token), weights within rtol 1e-5 there."""
+        (idx, w), (idx_ref, w_ref) = actual, expected
+        same = (idx == idx_ref).all(dim=1)
+        if same.float().mean() < 0.999:
+            return False
+        return torch.allclose(w[same], w_ref[same], rtol=1e-5, atol=1e-7)
+
+    return {
+        "op": "moe_topk_gate_forward",
+        "variant": "fp32 logits 256 experts, top-8, sqrtsoftplus, bias",
+        "make": make,
+        "fn": lambda x, b: tilebake.moe.moe_topk_gate_forward(x, k, False, 0, 2.5, 0, bias=b),
+        "ref": lambda x, b: tilebake.torch.moe_topk_gate_forward_ref(x, k, False, 0, 2.5, 0, bias=b),
+        "check": check,
+        # logits read; int64 indices and fp32 weights written (the bias is 1 KiB)
+        "bytes": num_tokens * num_experts * 4 + num_tokens * k * (8 + 4),
+    }
+
+
+CASES["moe_topk_gate_forward"] = [moe_topk_gate_forward_case]

@@ -3,6 +3,7 @@
 from tilebake.moe.expand_to_fused import ExpandToFusedVariant
 from tilebake.moe.get_fused_mapping import GetFusedMappingVariant
 from tilebake.moe.moe_topk_gate_backward import MoeTopkGateBackwardVariant
+from tilebake.moe.moe_topk_gate_forward import MoeTopkGateForwardVariant
 from tilebake.moe.normalize_weight import NormalizeWeightVariant
 from tilebake.moe.reduce_fused import ReduceFusedVariant
 from tilebake.moe.topk_gate import TopkGateVariant
@@ -41,6 +42,7 @@ VARIANT_TYPES = (
     GetFusedMappingVariant,
     ExpandToFusedVariant,
     ReduceFusedVariant,
+    MoeTopkGateForwardVariant,
 )
 
 

@@ -19,6 +19,8 @@ _MODULES = {
     "expand_to_fused": "expand_to_fused",
     "expand_to_fused_with_sf": "expand_to_fused",
     "reduce_fused": "reduce_fused",
+    "moe_topk_gate": "moe_topk_gate_forward",
+    "moe_topk_gate_forward": "moe_topk_gate_forward",
 }
 
 

@@ -3,6 +3,7 @@
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
 from .cast_lossless import per_block_cast_lossless
 from .fake_quant import per_token_cast_and_cast_back_ref
+from .gate import moe_topk_gate_forward_ref
 from .mapping import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
 from .moe import moe_topk_gate_backward_ref, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
@@ -23,6 +24,7 @@ __all__ = [
     "grouped_topk",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_ref",
+    "moe_topk_gate_forward_ref",
     "norm_backward_ref",
     "norm_forward_ref",
     "normalize_weight",

@@ -1,0 +1,247 @@
+"""moe_topk_gate_forward (and its alias moe_topk_gate): the MoE router forward.
+
+Validate, allocate, launch. The kernel is kernels_tl/moe/moe_topk_gate_forward.py; the reference
+(and the CPU path) is tilebake.torch.gate.moe_topk_gate_forward_ref.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant
+
+__all__ = ["moe_topk_gate", "moe_topk_gate_forward"]
+
+# As tilebake.torch.gate (the reference; this module imports it on first call, so that loading the
+# op costs no import of the references package).
+SCORING_FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
+DRAWS_PER_SLOT = 64  # random_experts: hashed draws per slot before the smallest free expert
+PHYSICAL_STRIDE = 23333  # the duplicate of expert e for token t: (ep_rank + t * 23333) % count[e]
+GOLDEN = 0x9E3779B9  # random_experts' draw increment
+# bits of the kernel's `flags` argument: which optional tensors are present
+FLAG_MASK, FLAG_BIAS, FLAG_IMAGE, FLAG_FIX = 1, 2, 4, 8
+FLAG_MAP, FLAG_UNMAPPED, FLAG_RANDOM, FLAG_SCORES = 16, 32, 64, 128
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeTopkGateForwardVariant(Variant):
+    family = "moe"
+    op = "moe_topk_gate_forward"
+
+    scoring_func: str  # 'sqrtsoftplus' | 'softmax' | 'sigmoid'; every option is a runtime argument
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(f) for f in SCORING_FUNCS)
+
+
+_KERNELS = KernelTable(
+    MoeTopkGateForwardVariant,
+    ("L", "Bias", "ImageBias", "Mask", "ImageMask", "FixMask", "Random", "Map", "Count", "Unmapped", "OutIdx", "OutW",
+     "Scores", "flags", "scaling", "ep_rank", "num_groups", "num_topk_groups", "num_tokens", "num_experts", "num_topk",
+     "width", "dup", "l_stride", "s_stride", "u_stride", "map_stride"),
+)  # fmt: skip
+
+
+def moe_topk_gate_forward(
+    logits: torch.Tensor,
+    num_topk: int,
+    use_shared_as_routed: bool,
+    num_shared_experts: int,
+    routed_scaling_factor: float,
+    ep_rank: int,
+    scoring_func: str = "sqrtsoftplus",
+    mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    image_bias: Optional[torch.Tensor] = None,
+    image_token_mask: Optional[torch.Tensor] = None,
+    fix_routing_mask: Optional[torch.Tensor] = None,
+    to_physical_map: Optional[torch.Tensor] = None,
+    logical_count: Optional[torch.Tensor] = None,
+    unmapped_topk_idx: Optional[torch.Tensor] = None,
+    force_random: Optional[torch.Tensor] = None,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    scores: Optional[torch.Tensor] = None,
+    *,
+    num_groups: int = 1,
+    num_topk_groups: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE router: pick each token's experts from its router logits.
+
+    Per token t: scores = scoring_func(logits[t]) ('sqrtsoftplus': sqrt(softplus(x)), with
+    softplus(x) = x beyond 20; 'softmax' over the experts; 'sigmoid'). The routed experts are the
+    num_topk largest of scores + bias (image_bias instead for tokens with image_token_mask True),
+    in descending order, ties to the smaller expert id; with num_groups > 1 (DeepSeek-V3) the
+    experts form num_groups equal consecutive groups, a group scores the sum of its two largest
+    selection values, and only the num_topk_groups best groups (ties to the smaller group) are
+    eligible. The weights are the chosen experts' UNBIASED scores divided by (1e-20 + their sum,
+    added left to right in slot order), times routed_scaling_factor. With use_shared_as_routed,
+    num_shared_experts (1 or 2) slots follow, logical ids num_routed + s, weight 1.0.
+
+    Per-token options, by priority: mask False -> every slot -1, weight 0, unmapped_topk_idx -1;
+    force_random True -> num_topk distinct pseudo-random experts (below), unmapped_topk_idx -1;
+    fix_routing_mask True -> the experts read from unmapped_topk_idx[t] (left unchanged; an id
+    outside [0, num_routed) makes the token unrouted as for a non-finite logit); otherwise the
+    top-k above, written to unmapped_topk_idx[t] if given. The weights of random and fixed
+    routings come from those experts' scores as above.
+
+    Random experts (deterministic, no RNG state): with fmix32 = MurmurHash3's 32-bit finaliser and
+    arithmetic mod 2^32, seed = fmix32(fmix32(ep_rank) ^ t), draw(d) = fmix32(seed + (d + 1) *
+    0x9E3779B9) % num_routed; slot s takes the first of draw(64 s) ... draw(64 s + 63) that no
+    earlier slot holds, or else the smallest free expert (tilebake.torch.gate.random_experts).
+
+    Physical ids: with to_physical_map (int32 (num_routed + shared, dup), rows may be strided) and
+    logical_count (int32 (num_routed + shared,)), each slot's logical id e becomes
+    to_physical_map[e, (ep_rank + t * 23333) % logical_count[e]] (int64 arithmetic); a count
+    outside [1, dup] gives -1 for that slot. unmapped_topk_idx keeps logical ids.
+
+    Non-finite logits: where the original device-asserts, a token with a NaN or infinite logit is
+    not routed: every slot -1, weight 0, unmapped_topk_idx[t] -1 (unless fixed), its scores row
+    NaN. bias and image_bias must be finite (not checked on the GPU, which would cost a sync; the
+    kernel stays in bounds but the result is then unspecified).
+
+    Args:
+        logits: fp32 (T, num_routed), num_routed <= 512, last dim contiguous (rows may be strided).
+        num_topk: routed experts per token, <= num_routed, num_topk + shared slots <= 32.
+        use_shared_as_routed, num_shared_experts: append num_shared_experts (0, 1, 2) slots.
+        routed_scaling_factor: multiplies the routed weights. ep_rank: int >= 0.
+        mask, image_token_mask, fix_routing_mask, force_random: bool (T,).
+        bias, image_bias: fp32 (num_routed,).
+        unmapped_topk_idx: int64 (T, num_topk), last dim contiguous: the logical routed experts
+            (written), or the routing to keep (read) for fix_routing_mask tokens.
+        out: preallocated (topk_idx int64, topk_weights fp32), both contiguous (T, num_topk + shared).
+        scores: fp32 (T, num_routed), last dim contiguous: receives the scores.
+        num_groups, num_topk_groups: grouped routing (num_groups <= 32 divides num_routed into
+            groups of >= 2; num_topk <= num_topk_groups * group size).
+
+    Returns:
+        (topk_idx int64 (T, num_topk + shared), topk_weights fp32 (T, num_topk + shared)). CPU
+        tensors take the reference path (tilebake.torch.moe_topk_gate_forward_ref).
+    """
+    from tilebake.torch.gate import check_gate_args
+
+    num_tokens, num_experts, k, shared = check_gate_args(
+        logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
+        mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+        unmapped_topk_idx, force_random, out, scores, num_groups, num_topk_groups,
+    )  # fmt: skip
+    if torch.compiler.is_compiling():
+        idx, weights = torch.ops.tilebake.moe_topk_gate_forward(
+            logits, num_topk, use_shared_as_routed, num_shared_experts, float(routed_scaling_factor), ep_rank,
+            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+            logical_count, unmapped_topk_idx, force_random, scores, num_groups, num_topk_groups,
+        )  # fmt: skip
+        if out is None:
+            return idx, weights
+        out[0].copy_(idx)
+        out[1].copy_(weights)
+        return out[0], out[1]
+    return _forward(
+        logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
+        mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+        unmapped_topk_idx, force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared,
+    )  # fmt: skip
+
+
+def _forward(
+    logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask,
+    bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
+    force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared, kernels=None,
+):  # fmt: skip
+    """The eager path of checked arguments: the reference on the CPU, else the kernel. `kernels`:
+    a stand-in for the kernel table (tests/moe/test_moe_topk_gate_forward_emulated.py)."""
+    if kernels is None and not logits.is_cuda:
+        from tilebake.torch.gate import moe_topk_gate_forward_ref
+
+        return moe_topk_gate_forward_ref(
+            logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
+            scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+            logical_count, unmapped_topk_idx, force_random, out, scores,
+            num_groups=num_groups, num_topk_groups=num_topk_groups,
+        )  # fmt: skip
+    width = k + shared
+    if out is None:
+        idx = logits.new_empty((num_tokens, width), dtype=torch.int64)
+        weights = logits.new_empty((num_tokens, width), dtype=torch.float32)
+    else:
+        idx, weights = out
+    if num_tokens == 0:
+        return idx, weights
+    dummy = logits.data_ptr()  # an absent tensor's pointer: never read or written (its flag is off)
+    flags = 0
+    ptrs = {}
+    for name, t, bit in (
+        ("Mask", mask, FLAG_MASK),
+        ("Bias", bias, FLAG_BIAS),
+        ("ImageBias", image_bias, FLAG_IMAGE),
+        ("ImageMask", image_token_mask, FLAG_IMAGE),
+        ("FixMask", fix_routing_mask, FLAG_FIX),
+        ("Map", to_physical_map, FLAG_MAP),
+        ("Count", logical_count, FLAG_MAP),
+        ("Unmapped", unmapped_topk_idx, FLAG_UNMAPPED),
+        ("Random", force_random, FLAG_RANDOM),
+        ("Scores", scores, FLAG_SCORES),
+    ):
+        if t is None:
+            ptrs[name] = dummy
+        else:
+            ptrs[name] = t.data_ptr()
+            flags |= bit
+    dup = to_physical_map.shape[1] if to_physical_map is not None else 1
+    (_KERNELS if kernels is None else kernels)[(scoring_func,)](
+        logits.get_device(),
+        logits.data_ptr(), ptrs["Bias"], ptrs["ImageBias"], ptrs["Mask"], ptrs["ImageMask"], ptrs["FixMask"],
+        ptrs["Random"], ptrs["Map"], ptrs["Count"], ptrs["Unmapped"], idx.data_ptr(), weights.data_ptr(),
+        ptrs["Scores"], flags, float(routed_scaling_factor), ep_rank, num_groups, num_topk_groups, num_tokens,
+        num_experts, k, width, dup, logits.stride(0),
+        scores.stride(0) if scores is not None else 0,
+        unmapped_topk_idx.stride(0) if unmapped_topk_idx is not None else 0,
+        to_physical_map.stride(0) if to_physical_map is not None else 0,
+    )  # fmt: skip
+    return idx, weights
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it. Functional
+# outputs (an `out` pair is filled by traced copies); unmapped_topk_idx and scores are mutated.
+
+_lib = torch.library.Library("tilebake", "FRAGMENT")
+_lib.define(
+    "moe_topk_gate_forward(Tensor logits, int num_topk, bool use_shared_as_routed, int num_shared_experts,"
+    " float routed_scaling_factor, int ep_rank, str scoring_func, Tensor? mask, Tensor? bias, Tensor? image_bias,"
+    " Tensor? image_token_mask, Tensor? fix_routing_mask, Tensor? to_physical_map, Tensor? logical_count,"
+    " Tensor(a!)? unmapped_topk_idx, Tensor? force_random, Tensor(b!)? scores, int num_groups, int num_topk_groups)"
+    " -> (Tensor, Tensor)"
+)
+
+
+def _op_impl(logits, num_topk, use_shared, num_shared, rsf, ep_rank, func, *tensors_and_groups):
+    *tensors, scores, num_groups, num_topk_groups = tensors_and_groups
+    num_tokens, num_experts = logits.shape
+    shared = num_shared if use_shared else 0
+    return _forward(
+        logits, num_topk, use_shared, num_shared, rsf, ep_rank, func, *tensors, None, scores, num_groups,
+        num_topk_groups, num_tokens, num_experts, num_topk, shared,
+    )  # fmt: skip
+
+
+def _meta(logits, num_topk, use_shared, num_shared, *rest):
+    width = num_topk + (num_shared if use_shared else 0)
+    return (
+        logits.new_empty((logits.shape[0], width), dtype=torch.int64),
+        logits.new_empty((logits.shape[0], width), dtype=torch.float32),
+    )
+
+
+# Meta kernels rather than register_fake: free at import (see quant/per_token_cast.py).
+for _key in ("CPU", "CUDA"):
+    _lib.impl("moe_topk_gate_forward", _op_impl, _key)
+_lib.impl("moe_topk_gate_forward", _meta, "Meta")
+
+
+def moe_topk_gate(*args, **kwargs):
+    """Compatibility entry point: the original forward name; see moe_topk_gate_forward."""
+    return moe_topk_gate_forward(*args, **kwargs)

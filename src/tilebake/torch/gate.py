@@ -1,0 +1,278 @@
+"""Plain-PyTorch reference of the MoE router forward, moe_topk_gate_forward (the oracle for
+tilebake.moe.moe_topk_gate_forward, and its CPU path). Only torch is imported.
+
+Per token t (T tokens, Er routed experts, k = num_topk, S shared slots):
+  1. scores = score(logits) (sqrtsoftplus / softmax / sigmoid, tilebake.torch.topk.score).
+  2. The routed experts, by priority:
+     mask[t] False      -> nothing: every slot -1, weight 0, unmapped_topk_idx[t] = -1;
+     force_random[t]    -> k distinct pseudo-random experts (random_experts), unmapped = -1;
+     fix_routing_mask[t]-> the k ids read from unmapped_topk_idx[t] (kept as they are);
+     otherwise          -> the top-k of scores + bias (image_bias for image tokens), stable
+                           (ties to the smaller index); with num_groups > 1 the DeepSeek-V3
+                           grouped selection (tilebake.torch.grouped_topk); written to
+                           unmapped_topk_idx[t].
+  3. weights = unbiased scores of the chosen experts / (1e-20 + their sum, added left to right
+     in slot order), times routed_scaling_factor (fp32).
+  4. S shared slots follow (logical ids Er + s, weight 1.0).
+  5. With to_physical_map, every slot's logical id e becomes
+     to_physical_map[e, (ep_rank + t * 23333) % logical_count[e]] (int64 arithmetic); a count
+     outside [1, dup] gives -1 for that slot.
+A token with a non-finite logit (or a fixed routing id outside [0, Er)) is not routed: every
+slot -1, weight 0, unmapped_topk_idx[t] = -1 (left as it is for a fixed-routing token), and its
+scores row is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .stochastic import fmix32
+from .topk import SCORING_FUNCS, grouped_topk, score, stable_topk
+
+__all__ = ["moe_topk_gate_forward_ref", "random_experts"]
+
+MAX_EXPERTS = 512
+MAX_SLOTS = 32
+MAX_GROUPS = 32
+DRAWS_PER_SLOT = 64
+PHYSICAL_STRIDE = 23333  # the duplicate of expert e for token t: (ep_rank + t * 23333) % count[e]
+_GOLDEN = 0x9E3779B9
+
+
+def random_experts(tokens: torch.Tensor, ep_rank: int, num_experts: int, num_topk: int) -> torch.Tensor:
+    """The force_random routing of the tokens with indices `tokens` (int64 (N,)): int64 (N, k),
+    k distinct experts in [0, num_experts). With fmix32 = MurmurHash3's 32-bit finaliser and all
+    arithmetic mod 2^32:
+        seed = fmix32(fmix32(ep_rank) ^ t)
+        draw(d) = fmix32(seed + (d + 1) * 0x9E3779B9) % num_experts
+    slot s takes the first of draw(64 s), ..., draw(64 s + 63) not already taken by slots
+    0..s-1, or, if all 64 collide, the smallest expert not yet taken."""
+    n = tokens.numel()
+    chosen = torch.full((n, num_topk), -1, dtype=torch.int64, device=tokens.device)
+    seed = fmix32(fmix32(torch.full_like(tokens, ep_rank)) ^ (tokens & 0xFFFFFFFF))
+    arange = torch.arange(num_experts, device=tokens.device)
+    for s in range(num_topk):
+        taken = (chosen[:, :s, None] == arange).any(dim=1)  # (N, E)
+        slot = torch.full_like(tokens, -1)
+        for a in range(DRAWS_PER_SLOT):
+            d = s * DRAWS_PER_SLOT + a
+            cand = fmix32(seed + (d + 1) * _GOLDEN) % num_experts
+            free = ~taken.gather(1, cand[:, None])[:, 0]
+            slot = torch.where((slot < 0) & free, cand, slot)
+        first_free = torch.argmax((~taken).to(torch.int8), dim=1)
+        chosen[:, s] = torch.where(slot < 0, first_free, slot)
+    return chosen
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _tensor_error(t, name: str, shape, dtype, like) -> str:
+    got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+    return f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {like.device}, got {got}"
+
+
+def _check_tensor(t, name: str, shape, dtype, like, last_contiguous: bool = True, contiguous: bool = False) -> None:
+    ok = isinstance(t, torch.Tensor) and t.dtype == dtype and tuple(t.shape) == tuple(shape)
+    if not (ok and t.device == like.device):
+        raise ValueError(_tensor_error(t, name, shape, dtype, like))
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    if last_contiguous and t.dim() == 2 and t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+
+
+def check_gate_args(
+    logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func, mask,
+    bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
+    force_random, out, scores, num_groups, num_topk_groups,
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """Check every argument of moe_topk_gate_forward; returns (T, Er, k, S) with S the shared
+    slots actually appended (0 unless use_shared_as_routed). Raises TypeError/ValueError naming
+    the argument."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a 2-D (num_tokens, num_routed_experts) tensor, got {got}")
+    if logits.dtype != torch.float32:
+        raise TypeError(f"logits must be torch.float32, got {logits.dtype}")
+    num_tokens, num_experts = logits.shape
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"logits must have 1 to {MAX_EXPERTS} experts (columns), got {num_experts}")
+    if num_experts > 1 and logits.stride(1) != 1:
+        raise ValueError(f"logits must have a contiguous last dimension (stride 1), got strides {logits.stride()}")
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"scoring_func must be one of {SCORING_FUNCS}, got {scoring_func!r}")
+    if not isinstance(use_shared_as_routed, bool):
+        raise TypeError(f"use_shared_as_routed must be a bool, got {use_shared_as_routed!r}")
+    if not _is_int(num_shared_experts) or num_shared_experts not in (0, 1, 2):
+        raise ValueError(f"num_shared_experts must be 0, 1 or 2, got {num_shared_experts!r}")
+    shared = num_shared_experts if use_shared_as_routed else 0
+    if not _is_int(num_topk) or not 1 <= num_topk <= num_experts:
+        raise ValueError(f"num_topk must be an int in [1, {num_experts}] (the routed experts), got {num_topk!r}")
+    if num_topk + shared > MAX_SLOTS:
+        raise ValueError(f"num_topk + shared slots must be at most {MAX_SLOTS}, got {num_topk} + {shared}")
+    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
+        raise TypeError(f"routed_scaling_factor must be a real number, got {routed_scaling_factor!r}")
+    if not math.isfinite(routed_scaling_factor):
+        raise ValueError(f"routed_scaling_factor must be finite, got {routed_scaling_factor!r}")
+    if not _is_int(ep_rank) or not 0 <= ep_rank < 2**31:
+        raise ValueError(f"ep_rank must be an int in [0, 2^31), got {ep_rank!r}")
+    if not _is_int(num_groups) or not 1 <= num_groups <= min(MAX_GROUPS, num_experts):
+        raise ValueError(f"num_groups must be an int in [1, {min(MAX_GROUPS, num_experts)}], got {num_groups!r}")
+    if num_groups > 1:
+        if num_experts % num_groups or num_experts // num_groups < 2:
+            raise ValueError(f"num_groups={num_groups} must divide the {num_experts} experts into groups of at least 2")
+        if not _is_int(num_topk_groups) or not 1 <= num_topk_groups <= num_groups:
+            raise ValueError(f"num_topk_groups must be an int in [1, {num_groups}], got {num_topk_groups!r}")
+        if num_topk > num_topk_groups * (num_experts // num_groups):
+            raise ValueError(
+                f"num_topk={num_topk} exceeds the experts of the kept groups "
+                f"({num_topk_groups} x {num_experts // num_groups})"
+            )
+    elif num_topk_groups != 1:
+        raise ValueError(f"num_topk_groups must be 1 when num_groups is 1, got {num_topk_groups!r}")
+    for name, t in (
+        ("mask", mask),
+        ("image_token_mask", image_token_mask),
+        ("fix_routing_mask", fix_routing_mask),
+        ("force_random", force_random),
+    ):
+        if t is not None:
+            _check_tensor(t, name, (num_tokens,), torch.bool, logits, contiguous=True)
+    for name, t in (("bias", bias), ("image_bias", image_bias)):
+        if t is not None:
+            _check_tensor(t, name, (num_experts,), torch.float32, logits, contiguous=True)
+    if (image_bias is None) != (image_token_mask is None):
+        raise ValueError("image_bias and image_token_mask must be given together")
+    if fix_routing_mask is not None and unmapped_topk_idx is None:
+        raise ValueError("fix_routing_mask requires unmapped_topk_idx (the routing to keep)")
+    if unmapped_topk_idx is not None:
+        _check_tensor(unmapped_topk_idx, "unmapped_topk_idx", (num_tokens, num_topk), torch.int64, logits)
+    if (to_physical_map is None) != (logical_count is None):
+        raise ValueError("to_physical_map and logical_count must be given together")
+    if to_physical_map is not None:
+        num_logical = num_experts + shared
+        if not (isinstance(to_physical_map, torch.Tensor) and to_physical_map.dim() == 2):
+            shape = (num_logical, "dup")
+            raise ValueError(_tensor_error(to_physical_map, "to_physical_map", shape, torch.int32, logits))
+        _check_tensor(to_physical_map, "to_physical_map", (num_logical, to_physical_map.shape[1]), torch.int32, logits)
+        if to_physical_map.shape[1] < 1:
+            raise ValueError("to_physical_map must have at least one column (duplicate)")
+        _check_tensor(logical_count, "logical_count", (num_logical,), torch.int32, logits, contiguous=True)
+    width = num_topk + shared
+    if out is not None:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(f"out must be a pair (topk_idx, topk_weights), got {type(out).__name__}")
+        _check_tensor(out[0], "out[0]", (num_tokens, width), torch.int64, logits, contiguous=True)
+        _check_tensor(out[1], "out[1]", (num_tokens, width), torch.float32, logits, contiguous=True)
+    if scores is not None:
+        _check_tensor(scores, "scores", (num_tokens, num_experts), torch.float32, logits)
+    return num_tokens, num_experts, num_topk, shared
+
+
+def moe_topk_gate_forward_ref(
+    logits: torch.Tensor,
+    num_topk: int,
+    use_shared_as_routed: bool,
+    num_shared_experts: int,
+    routed_scaling_factor: float,
+    ep_rank: int,
+    scoring_func: str = "sqrtsoftplus",
+    mask: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    image_bias: Optional[torch.Tensor] = None,
+    image_token_mask: Optional[torch.Tensor] = None,
+    fix_routing_mask: Optional[torch.Tensor] = None,
+    to_physical_map: Optional[torch.Tensor] = None,
+    logical_count: Optional[torch.Tensor] = None,
+    unmapped_topk_idx: Optional[torch.Tensor] = None,
+    force_random: Optional[torch.Tensor] = None,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    scores: Optional[torch.Tensor] = None,
+    *,
+    num_groups: int = 1,
+    num_topk_groups: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router forward in plain torch (see the module docstring for the semantics); returns
+    (topk_idx int64 (T, k + S), topk_weights fp32 (T, k + S)), written into `out` if given.
+    Writes unmapped_topk_idx (except fixed-routing tokens) and scores if given. bias and
+    image_bias must be finite (ValueError)."""
+    num_tokens, num_experts, k, shared = check_gate_args(
+        logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
+        mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+        unmapped_topk_idx, force_random, out, scores, num_groups, num_topk_groups,
+    )  # fmt: skip
+    for name, t in (("bias", bias), ("image_bias", image_bias)):
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} must be finite")
+    device = logits.device
+    width = k + shared
+    idx_out, w_out = out if out is not None else (None, None)
+    if num_tokens == 0:
+        if out is None:
+            return torch.empty((0, width), dtype=torch.int64, device=device), torch.empty(
+                (0, width), dtype=torch.float32, device=device
+            )
+        return idx_out, w_out
+
+    bad = ~torch.isfinite(logits).all(dim=1)
+    sc = score(torch.where(bad[:, None], 0.0, logits), scoring_func)
+    sc = torch.where(bad[:, None], torch.nan, sc)
+    if scores is not None:
+        scores.copy_(sc)
+    zero = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    token_bias = (bias if bias is not None else zero).expand(num_tokens, num_experts)
+    if image_token_mask is not None:
+        token_bias = torch.where(image_token_mask[:, None], image_bias, token_bias)
+    sel = torch.where(bad[:, None], 0.0, sc + token_bias)
+    if num_groups > 1:
+        chosen = grouped_topk(sel, k, num_groups, num_topk_groups)
+    else:
+        chosen = stable_topk(sel, k)
+
+    false = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+    routed = mask if mask is not None else ~false
+    rand = (force_random if force_random is not None else false) & routed
+    fixed = (fix_routing_mask if fix_routing_mask is not None else false) & routed & ~rand
+    if bool(fixed.any()):
+        given = unmapped_topk_idx.to(device)
+        bad = bad | (fixed & ((given < 0) | (given >= num_experts)).any(dim=1))
+        chosen = torch.where(fixed[:, None], given.clamp(0, num_experts - 1), chosen)
+    if bool(rand.any()):
+        rows = rand.nonzero()[:, 0]
+        chosen[rows] = random_experts(rows, ep_rank, num_experts, k)
+    routed = routed & ~bad
+
+    picked = sc.gather(1, chosen)
+    denominator = torch.full((num_tokens,), 1e-20, dtype=torch.float32, device=device)
+    for j in range(k):
+        denominator = denominator + picked[:, j]
+    weights = picked / denominator[:, None] * routed_scaling_factor
+    logical = chosen
+    if shared:
+        shared_ids = torch.arange(num_experts, num_experts + shared, device=device).expand(num_tokens, shared)
+        logical = torch.cat([chosen, shared_ids], dim=1)
+        weights = torch.cat([weights, torch.ones(num_tokens, shared, dtype=torch.float32, device=device)], dim=1)
+    physical = logical
+    if to_physical_map is not None:
+        count = logical_count.to(torch.int64)[logical]
+        tokens = torch.arange(num_tokens, device=device, dtype=torch.int64)[:, None]
+        dup = to_physical_map.shape[1]
+        ok = (count >= 1) & (count <= dup)
+        col = (ep_rank + tokens * PHYSICAL_STRIDE) % count.clamp(min=1)
+        physical = torch.where(ok, to_physical_map[logical, col.clamp(max=dup - 1)].to(torch.int64), -1)
+
+    physical = torch.where(routed[:, None], physical, -1)
+    weights = torch.where(routed[:, None], weights, 0.0)
+    if unmapped_topk_idx is not None:
+        new = torch.where((routed & ~rand)[:, None], chosen, -1)
+        unmapped_topk_idx.copy_(torch.where(fixed[:, None], unmapped_topk_idx, new))
+    if out is None:
+        return physical, weights.contiguous()
+    idx_out.copy_(physical)
+    w_out.copy_(weights)
+    return idx_out, w_out
