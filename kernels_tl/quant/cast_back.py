@@ -2,11 +2,8 @@
 
 Build time only: `build(variant, cfg)` returns the PrimFunc that build_tools/aot.py lowers.
 
-Thread mapping (LaunchConfig): each thread owns `elems_per_thread` logical elements of
-`rows_per_thread` rows; `threads_per_row` threads cover a row tile. With `interleave`, a thread's
-elements are chunks of 8 consecutive ones, the threads of a row interleaved chunk by chunk, so
-that each store instruction writes whole 32-byte sectors (16 consecutive bf16 a thread write two
-half sectors per instruction, which loads the SM-to-L2 crossbar twice). The SF block (bm, bk) is
+Thread mapping (LaunchConfig): each thread owns `elems_per_thread` consecutive logical elements
+of `rows_per_thread` rows; `threads_per_row` threads cover a row tile. The SF block (bm, bk) is
 a runtime argument: the host guarantees bk % 16 == 0 (all of a thread's elements share one
 scale; row block = row // bm, column block = col // bk, int32 divisions once per row) or, for
 per-channel variants, bk == 1 (one scale per element, column block = col). SF kinds: fp32,
@@ -28,8 +25,7 @@ class LaunchConfig:
     threads: int = 256
     threads_per_row: int = 64
     rows_per_thread: int = 4  # independent loads in flight per thread
-    elems_per_thread: int = 8  # logical elements a thread owns per row (8 or 16)
-    interleave: bool = False  # in chunks of 8 interleaved with the row's other threads
+    elems_per_thread: int = 8  # consecutive logical elements a thread owns per row (8 or 16)
 
 
 # Chosen by `python bench/tune.py run .carry/tune cast_back` on the H200 (bench/results/
@@ -44,12 +40,11 @@ DEFAULT_CONFIG_E2M1 = DEFAULT_CONFIG
 def candidate_configs():
     """The search space bench/tune.py times on a GPU."""
     return [
-        LaunchConfig(t, tpr, r, ept, interleave)
+        LaunchConfig(t, tpr, r, ept)
         for t in (128, 256, 512)
         for tpr in (32, 64, 128)
         for r in (1, 2, 4)
         for ept in (8, 16)
-        for interleave in ((False, True) if ept == 16 else (False,))
         if tpr <= t
     ]
 
@@ -63,9 +58,7 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
     cfg = cfg or (DEFAULT_CONFIG_E2M1 if e2m1 else DEFAULT_CONFIG)
     ept = cfg.elems_per_thread
     assert ept in (8, 16), cfg
-    chunk = 8 if cfg.interleave else ept  # consecutive logical elements a thread owns
-    num_chunks = ept // chunk
-    xvec = chunk // 2 if e2m1 else chunk  # data bytes a thread loads per chunk
+    xvec = ept // 2 if e2m1 else ept  # data bytes a thread loads per row
     THREADS, TPR, RPT = cfg.threads, cfg.threads_per_row, cfg.rows_per_thread
     rows_per_pass = THREADS // TPR
     rows_per_cta = rows_per_pass * RPT
@@ -111,60 +104,55 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
             T.assume(x_stride % (8 if e2m1 else 16) == 0)  # what the host checks: whole data vectors
             T.assume(x_cols % 8 == 0)
             tx = T.get_thread_binding(0)
-            col0 = by * cols_per_cta + (tx % TPR) * chunk  # logical; chunk h adds h * TPR * chunk
+            col = by * cols_per_cta + (tx % TPR) * ept  # logical
             # SF block indices: a shift for the usual power-of-two blocks (a uniform branch), an
             # int32 division (some 25 instructions) only otherwise. row, col >= 0.
-            cbs = T.alloc_local((num_chunks,), "int32")
-            for h in T.unroll(num_chunks):
-                if (block_k & (block_k - 1)) == 0:
-                    cbs[h] = T.shift_right(col0 + h * TPR * chunk, 31 - T.call_extern("int32", "__clz", block_k))
-                else:
-                    cbs[h] = (col0 + h * TPR * chunk) // block_k
+            cb = T.alloc_var("int32")
+            if (block_k & (block_k - 1)) == 0:
+                cb = T.shift_right(col, 31 - T.call_extern("int32", "__clz", block_k))
+            else:
+                cb = col // block_k
             pow2_m = (block_m & (block_m - 1)) == 0
             shift_m = 31 - T.call_extern("int32", "__clz", block_m)
-            xs = T.alloc_local((RPT, num_chunks * xvec), "int8" if e2m1 else "float8_e4m3fn")
-            sfs = T.alloc_local((RPT, ept), "float32")  # per chunk (index h * chunk), or per element
+            xs = T.alloc_local((RPT, xvec), "int8" if e2m1 else "float8_e4m3fn")
+            sfs = T.alloc_local((RPT, ept), "float32")
             ys = T.alloc_local((ept,), out_dtype)
             for u in T.unroll(RPT):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
-                for h in T.unroll(num_chunks):
-                    if row < num_tokens and col0 + h * TPR * chunk < hidden:
-                        for j in T.vectorized(xvec):
-                            xs[u, h * xvec + j] = X[
-                                row,
-                                by * (cols_per_cta // (2 if e2m1 else 1)) + h * TPR * xvec + (tx % TPR) * xvec + j,
-                            ]  # the physical column, spelled out so the vectorizer sees a multiple of xvec
-                        rb = T.alloc_var("int32")
-                        if pow2_m:
-                            rb = T.shift_right(row, shift_m)
-                        else:
-                            rb = row // block_m
-                        if v.per_channel:
-                            for j in T.unroll(chunk):
-                                sfs[u, h * chunk + j] = load_sf(S, rb, col0 + h * TPR * chunk + j)
-                        else:
-                            sfs[u, h * chunk] = load_sf(S, rb, cbs[h])
+                if row < num_tokens and col < hidden:
+                    for j in T.vectorized(xvec):
+                        xs[u, j] = X[
+                            row, by * (cols_per_cta // (2 if e2m1 else 1)) + (tx % TPR) * xvec + j
+                        ]  # the physical column, spelled out so the vectorizer sees a multiple of xvec
+                    rb = T.alloc_var("int32")
+                    if pow2_m:
+                        rb = T.shift_right(row, shift_m)
+                    else:
+                        rb = row // block_m
+                    if v.per_channel:
+                        for j in T.unroll(ept):
+                            sfs[u, j] = load_sf(S, rb, col + j)
+                    else:
+                        sfs[u, 0] = load_sf(S, rb, cb)
             for u in T.unroll(RPT):
                 row = bx * rows_per_cta + u * rows_per_pass + tx // TPR
-                for h in T.unroll(num_chunks):
-                    if row < num_tokens and col0 + h * TPR * chunk < hidden:
-                        if e2m1:
-                            # 8 codes a word; each pair's bf16 bits are the top halves of their fp32 values.
-                            for i in T.unroll(chunk // 8):
-                                w = e2m1x8_word(xs, u, h * xvec + 4 * i)
-                                for k in T.unroll(4):
-                                    pair = e2m1x8_bf16x2(w, k)
-                                    j = h * chunk + 8 * i + 2 * k
-                                    lo = T.reinterpret(T.shift_left(pair, T.uint32(16)), "float32")
-                                    hi = T.reinterpret(pair & T.uint32(0xFFFF0000), "float32")
-                                    ys[j] = T.cast(lo * sfs[u, j if v.per_channel else h * chunk], out_dtype)
-                                    ys[j + 1] = T.cast(hi * sfs[u, j + 1 if v.per_channel else h * chunk], out_dtype)
-                        else:
-                            for i in T.unroll(chunk):
-                                j = h * chunk + i
-                                value = T.cast(xs[u, j], "float32")
-                                ys[j] = T.cast(value * sfs[u, j if v.per_channel else h * chunk], out_dtype)
-                        for j in T.vectorized(chunk):
-                            Y[row, by * cols_per_cta + h * TPR * chunk + (tx % TPR) * chunk + j] = ys[h * chunk + j]
+                if row < num_tokens and col < hidden:
+                    if e2m1:
+                        # 8 codes a word; each pair's bf16 bits are the top halves of their fp32 values.
+                        for i in T.unroll(ept // 8):
+                            w = e2m1x8_word(xs, u, 4 * i)
+                            for k in T.unroll(4):
+                                pair = e2m1x8_bf16x2(w, k)
+                                j = 8 * i + 2 * k
+                                lo = T.reinterpret(T.shift_left(pair, T.uint32(16)), "float32")
+                                hi = T.reinterpret(pair & T.uint32(0xFFFF0000), "float32")
+                                ys[j] = T.cast(lo * sfs[u, j if v.per_channel else 0], out_dtype)
+                                ys[j + 1] = T.cast(hi * sfs[u, j + 1 if v.per_channel else 0], out_dtype)
+                    else:
+                        for j in T.unroll(ept):
+                            value = T.cast(xs[u, j], "float32")
+                            ys[j] = T.cast(value * sfs[u, j if v.per_channel else 0], out_dtype)
+                    for j in T.vectorized(ept):
+                        Y[row, by * cols_per_cta + (tx % TPR) * ept + j] = ys[j]
 
     return cast_back_kernel

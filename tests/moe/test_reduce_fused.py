@@ -143,5 +143,5 @@ def test_kernel_strided_rows_and_empty():
     data = torch.randn(500, 1024 + 64, device="cuda").bfloat16()[:, :1024]
     w = torch.rand(300, 6, device="cuda")
     assert_same(tilebake.moe.reduce_fused(data, w, ttp), tilebake.torch.reduce_fused(data, w, ttp), "strided x")
-    out = tilebake.moe.reduce_fused(data, w, ttp[:0])
+    out = tilebake.moe.reduce_fused(data, w[:0], ttp[:0])
     assert out.shape == (0, 1024)
