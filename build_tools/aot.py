@@ -5,7 +5,8 @@ CMake calls it in three roles (see CMakeLists.txt):
   aot.py list                         variant ids and their kernel sources, one per line
   aot.py lower ID... --out DIR --arch A
                                       lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json
-  aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json
+  aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json (build facts, op
+                                      list) and DIR/ops/<op>.json (that op's kernels)
 
 CMake lowers all variants of one op in one process (importing tilelang costs twice as much
 as lowering a kernel). nvcc runs between `lower` and `manifest`, one command per (variant, arch), so ninja
@@ -19,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -182,6 +184,9 @@ def cmd_manifest(args):
             meta["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()
             kernels.setdefault(vid, {})[arch] = meta
     git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    by_op = {}
+    for vid, per_arch in kernels.items():
+        by_op.setdefault(next(iter(per_arch.values()))["op"], {})[vid] = per_arch
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "backends": {"cuda": {"archs": args.arch}},
@@ -192,11 +197,18 @@ def cmd_manifest(args):
         "source_sha256": source_fingerprint(),
         "git_commit": git.stdout.strip() if git.returncode == 0 else "unknown",
         "partial_build_ops": sorted(filter(None, args.ops.split(","))) or None,
-        "kernels": kernels,
+        "ops": sorted(by_op),
     }
-    # Compact: the runtime parses it at the first launch, part of every cold start.
+    # One file per op: the first call of an op parses only its own kernels (the whole set is
+    # half a megabyte of JSON, which was most of a cold start). Compact for the same reason.
+    ops_dir = out / "ops"
+    shutil.rmtree(ops_dir, ignore_errors=True)  # no stale op of an earlier (partial) build
+    ops_dir.mkdir()
+    for op, op_kernels in by_op.items():
+        op_manifest = {"manifest_version": MANIFEST_VERSION, "op": op, "kernels": op_kernels}
+        (ops_dir / f"{op}.json").write_text(json.dumps(op_manifest, separators=(",", ":"), sort_keys=True) + "\n")
     (out / "manifest.json").write_text(json.dumps(manifest, separators=(",", ":"), sort_keys=True) + "\n")
-    print(f"aot: manifest with {len(kernels)} variants x {len(args.arch)} archs")
+    print(f"aot: manifest with {len(kernels)} variants of {len(by_op)} ops x {len(args.arch)} archs")
 
 
 def main():

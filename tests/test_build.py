@@ -28,6 +28,20 @@ def test_manifest_holds_exactly_the_declared_variants(manifest):
     assert len(manifest["source_sha256"]) == 64
 
 
+def test_each_op_manifest_file_holds_exactly_that_op(manifest):
+    """kernels/ops/<op>.json: the kernels one op's first call parses (no more, no less)."""
+    declared = {}
+    for v in all_variants():
+        declared.setdefault(v.op, set()).add(v.id)
+    assert manifest["ops"] == sorted(declared)
+    files = sorted(p.stem for p in (loader.KERNEL_DIR / "ops").glob("*.json"))
+    assert files == sorted(declared)
+    for op, ids in declared.items():
+        kernels = loader.op_kernels(op)
+        assert set(kernels) == ids, op
+        assert {entry["op"] for per_arch in kernels.values() for entry in per_arch.values()} == {op}
+
+
 def test_every_variant_has_every_arch_with_intact_binaries(manifest):
     for vid, per_arch in manifest["kernels"].items():
         assert set(per_arch) == set(ARCHS), vid
@@ -96,11 +110,14 @@ def _kernel_tables():
     import importlib
     import pkgutil
 
-    import tilebake.quant
-
     tables = []
-    for info in pkgutil.iter_modules(tilebake.quant.__path__):
-        module = importlib.import_module(f"tilebake.quant.{info.name}")
+    modules = [
+        f"{package}.{info.name}"
+        for package in ("tilebake.quant", "tilebake.moe", "tilebake.transform")
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
+    ]
+    for name in modules:
+        module = importlib.import_module(name)
         for value in vars(module).values():
             # A KernelTable is itself a dict (of loaded kernels): test for it first.
             candidates = (

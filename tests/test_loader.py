@@ -54,18 +54,42 @@ def test_corrupt_binary_is_named(fake_device, monkeypatch, tmp_path):
         loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
 
 
+def _clear_manifest_caches():
+    for cached in (loader.manifest, loader.manifest_header, loader.op_kernels):
+        cached.cache_clear()
+
+
 def test_missing_manifest(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "KERNEL_DIR", tmp_path)
-    loader.manifest.cache_clear()
+    _clear_manifest_caches()
     try:
         with pytest.raises(CorruptArtifactError, match="manifest.json is missing"):
             loader.manifest()
         (tmp_path / "manifest.json").write_text('{"manifest_version": 99}')
-        loader.manifest.cache_clear()
+        _clear_manifest_caches()
         with pytest.raises(CorruptArtifactError, match="manifest_version 99"):
             loader.manifest()
     finally:
-        loader.manifest.cache_clear()
+        _clear_manifest_caches()
+
+
+def test_missing_or_corrupt_op_manifest(monkeypatch, tmp_path):
+    """An op's own manifest file (kernels/ops/<op>.json) missing or unparsable is named."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(loader.KERNEL_DIR, kernels)
+    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    _clear_manifest_caches()
+    try:
+        op_file = kernels / "ops" / f"{VARIANT.op}.json"
+        op_file.write_text("{not json")
+        with pytest.raises(CorruptArtifactError, match=f"{op_file.name} is unreadable"):
+            loader.Kernel(VARIANT, ARGS)
+        _clear_manifest_caches()
+        op_file.unlink()
+        with pytest.raises(CorruptArtifactError, match=f"{op_file.name} is missing"):
+            loader.Kernel(VARIANT, ARGS)
+    finally:
+        _clear_manifest_caches()
 
 
 def test_unbuilt_variant_lists_the_closest():
@@ -83,13 +107,13 @@ def test_closest_variants_come_from_the_wheel(monkeypatch):
     missing one itself, and says so when it holds none of the op."""
     wanted = PerTokenCastVariant("bf16", "e4m3", 128, "fp32")
     kept = PerTokenCastVariant("bf16", "e4m3", 32, "fp32")
-    partial = {"kernels": {kept.id: {}}}
-    monkeypatch.setattr(loader, "manifest", lambda: partial)
+    partial = {kept.id: {}}
+    monkeypatch.setattr(loader, "op_kernels", lambda op: partial if op == wanted.op else {})
     with pytest.raises(VariantNotBuiltError) as info:
         loader.Kernel(wanted, ARGS)
     listed = str(info.value).split("closest built variants:")[1].split()
     assert listed == [kept.id]
-    partial["kernels"] = {}
+    partial.clear()
     with pytest.raises(VariantNotBuiltError, match="nor any other per_token_cast variant"):
         loader.Kernel(wanted, ARGS)
 
@@ -119,16 +143,17 @@ def test_manifest_launch_expressions_are_checked_before_evaluation(fake_device, 
     fake_device("sm_90a")
     kernels = tmp_path / "kernels"
     shutil.copytree(loader.KERNEL_DIR, kernels)
-    data = json.loads((kernels / "manifest.json").read_text())
+    op_file = kernels / "ops" / f"{VARIANT.op}.json"
+    data = json.loads(op_file.read_text())
     data["kernels"][VARIANT.id]["sm_90a"]["grid"][0] = "__import__('os').getpid()"
-    (kernels / "manifest.json").write_text(json.dumps(data))
+    op_file.write_text(json.dumps(data))
     monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
-    loader.manifest.cache_clear()
+    _clear_manifest_caches()
     try:
         with pytest.raises(CorruptArtifactError, match="not integer arithmetic on parameters"):
             loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
     finally:
-        loader.manifest.cache_clear()
+        _clear_manifest_caches()
     assert loader.launch_expr_error("(num_tokens + 15) // 16 * ((hidden + 511) // 512)", ARGS) is None
     assert loader.launch_expr_error("max(num_tokens, 1)", ARGS) is None
     assert "not integer arithmetic" in loader.launch_expr_error("num_tokens / 2.5", ARGS)

@@ -25,9 +25,7 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 MANIFEST_VERSION = 1
 
 
-@functools.cache
-def manifest() -> dict:
-    path = KERNEL_DIR / "manifest.json"
+def _read_manifest_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -42,6 +40,28 @@ def manifest() -> dict:
             f"{path} has manifest_version {data.get('manifest_version')!r}; this runtime reads {MANIFEST_VERSION}"
         )
     return data
+
+
+@functools.cache
+def op_kernels(op: str) -> dict:
+    """{variant id: {arch: entry}} of one op, from its own manifest file: an op's first call
+    parses only its own kernels."""
+    if op not in manifest_header()["ops"]:
+        return {}
+    return _read_manifest_file(KERNEL_DIR / "ops" / f"{op}.json")["kernels"]
+
+
+@functools.cache
+def manifest_header() -> dict:
+    """The build facts (versions, archs, commit) and the list of ops the wheel holds."""
+    return _read_manifest_file(KERNEL_DIR / "manifest.json")
+
+
+@functools.cache
+def manifest() -> dict:
+    """The whole manifest, every op's kernels under "kernels" (for listings and checks)."""
+    header = manifest_header()
+    return {**header, "kernels": {vid: e for op in header["ops"] for vid, e in op_kernels(op).items()}}
 
 
 def arch_of(capability: tuple[int, int]) -> str:
@@ -106,7 +126,7 @@ class Kernel:
     def __init__(self, variant, arg_names: tuple[str, ...]):
         self.variant = variant
         self.arg_names = arg_names
-        built = manifest()["kernels"]
+        built = op_kernels(variant.op)
         entries = built.get(variant.id)
         if entries is None:
             closest = type(variant).closest(variant, built=built)
