@@ -6,9 +6,7 @@ Each op's module (its checks, torch.library schema and kernel table) loads on fi
 one of its functions, as in tilebake.quant.
 """
 
-import importlib
-import sys
-import types
+from tilebake._lazy import make_lazy
 
 # public name -> the module that defines it
 _MODULES = {
@@ -24,30 +22,6 @@ _MODULES = {
 }
 
 
-def __getattr__(name):
-    if name in _MODULES:
-        value = getattr(importlib.import_module(f"tilebake.moe.{_MODULES[name]}"), name)
-    else:
-        raise AttributeError(f"module 'tilebake.moe' has no attribute {name!r}")
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-class _Package(types.ModuleType):
-    """Importing a submodule binds it as an attribute of its package; the ops share their
-    module's name, so that binding would hide the function. Keep the public names for the
-    functions."""
-
-    def __setattr__(self, name, value):
-        if not (isinstance(value, types.ModuleType) and name in _MODULES):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __dir__():
-    return sorted([*globals(), *__all__])
-
+make_lazy(__name__)
 
 __all__ = [*_MODULES]
