@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The few driver API types and entry points used, declared here so the build
@@ -108,14 +109,16 @@ static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   CUdevice dev;
   CUcontext ctx, popped;
   CUmodule module;
-  Loaded *k = PyMem_RawMalloc(sizeof(Loaded));
+  /* Plain malloc: PyMem_RawMalloc is not in the 3.10 limited API (undeclared there, an implicit
+     int-returning call would truncate the pointer). */
+  Loaded *k = malloc(sizeof(Loaded));
   if (!k) return PyErr_NoMemory();
   CUresult rc = cu.DeviceGet(&dev, ordinal);
-  if (rc != CUDA_SUCCESS) return PyMem_RawFree(k), raise_cu(rc, "cuDeviceGet"), NULL;
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuDeviceGet"), NULL;
   rc = cu.DevicePrimaryCtxRetain(&ctx, dev);
-  if (rc != CUDA_SUCCESS) return PyMem_RawFree(k), raise_cu(rc, "cuDevicePrimaryCtxRetain"), NULL;
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuDevicePrimaryCtxRetain"), NULL;
   rc = cu.CtxPushCurrent(ctx);
-  if (rc != CUDA_SUCCESS) return PyMem_RawFree(k), raise_cu(rc, "cuCtxPushCurrent"), NULL;
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuCtxPushCurrent"), NULL;
   rc = cu.ModuleLoadData(&module, image);
   const char *what = "cuModuleLoadData";
   if (rc == CUDA_SUCCESS) rc = cu.ModuleGetFunction(&k->function, module, entry), what = "cuModuleGetFunction";
@@ -124,7 +127,7 @@ static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     rc = cu.FuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
     what = "cuFuncSetAttribute";
   cu.CtxPopCurrent(&popped);
-  if (rc != CUDA_SUCCESS) return PyMem_RawFree(k), raise_cu(rc, what), NULL;
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, what), NULL;
   k->context = ctx;
   return PyLong_FromVoidPtr(k);
 }
