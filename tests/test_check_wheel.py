@@ -1,5 +1,7 @@
-"""build_tools/check_wheel.py (the wheel-content check of wheels.yml and .ci/run) and
-check_size.py: each passes a sound tree and names each defect it exists to catch."""
+"""build_tools/check_wheel.py (wheels.yml's wheel-content check) and check_size.py (its size
+gate): each passes a sound tree and names each defect it exists to catch. The last test runs
+the check on the tilebake this environment installed, which in .ci/run is the full CI build
+(so .ci/run needs no extra step, and no second build is made for it)."""
 
 import hashlib
 import importlib.util
