@@ -98,7 +98,7 @@ def main() -> int:
             dates = sorted({i.date_time for i in z.infolist()})
             if len(dates) > 1:
                 ok = False
-                print(f"  {label} wheel: members carry {len(dates)} different dates (file times leak in): {dates[:3]}...")
+                print(f"  {label} wheel: members carry {len(dates)} dates (file times leak in): {dates[:3]}")
         print(f"  {len(names_a)} and {len(names_b)} members, {differing} of the common ones differ")
     if hashes[0] != hashes[1]:
         ok = False

@@ -12,7 +12,10 @@
 #   WHEELHOUSE   where to put the wheelhouse (default: a new temporary directory); an existing
 #                one is reused, only missing files are downloaded (pip's cache serves repeats)
 #   TORCH        the torch requirement, pinned so nothing pulls a CUDA torch (default torch==2.13.0+cpu)
-#   TORCH_INDEX  where the CPU torch comes from (default https://download.pytorch.org/whl/cpu)
+#   TORCH_INDEX  where the CPU torch comes from (default https://download.pytorch.org/whl/cpu; set it
+#                empty where pip's own configuration already provides a CPU torch)
+#   EXTRA_REQUIREMENTS  more packages for the wheelhouse, space-separated (e.g. numpy for a wheel
+#                built before numpy joined the test extra)
 #   PYTHON       the interpreter of the fresh venv (default python3); the wheelhouse is for it
 #   OFFLINE_REQUIRE_UNSHARE=1   fail instead of skipping where `unshare -n` is not permitted
 # The wheelhouse holds WHEELHOUSE/requirements.txt (every file pinned, with --hash=sha256:); on the
@@ -26,7 +29,7 @@ PYTEST_ARGS=("$@")
 [ ${#PYTEST_ARGS[@]} -gt 0 ] || PYTEST_ARGS=(-m "not gpu" -q)
 PY="${PYTHON:-python3}"
 TORCH="${TORCH:-torch==2.13.0+cpu}"
-TORCH_INDEX="${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+TORCH_INDEX="${TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
 WORK="$(mktemp -d /tmp/tilebake-offline.XXXXXX)"
 WHEELHOUSE="$(realpath -m "${WHEELHOUSE:-$WORK/wheelhouse}")"
 mkdir -p "$WHEELHOUSE"
@@ -39,8 +42,8 @@ rm -f "$WHEELHOUSE"/tilebake-*.whl
 cp "$WHEEL" "$WHEELHOUSE/"
 echo "$TORCH" > "$WORK/constraints.txt"
 "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$WHEELHOUSE" \
-  --extra-index-url "$TORCH_INDEX" -c "$WORK/constraints.txt" \
-  "$TORCH" "$WHEELHOUSE/$(basename "$WHEEL")[test]"
+  ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} -c "$WORK/constraints.txt" \
+  "$TORCH" "$WHEELHOUSE/$(basename "$WHEEL")[test]" ${EXTRA_REQUIREMENTS:-}
 # One line per package, every file of it hashed (pip hash computes what --require-hashes checks).
 "$PY" - "$WHEELHOUSE" <<'EOF'
 import re, subprocess, sys
