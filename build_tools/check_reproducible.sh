@@ -25,6 +25,13 @@ if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   echo "check_reproducible: note: the tree has uncommitted changes; both builds use them"
 fi
 
+# The sources (tracked and untracked, not ignored) before and after: an edit during the builds
+# would look like a reproducibility failure.
+tree_fingerprint() {
+  git ls-files -z -co --exclude-standard | sort -z | (xargs -0 -r sha256sum 2>/dev/null || true) | sha256sum
+}
+before="$(tree_fingerprint)"
+
 build() {  # build NAME UMASK
   local start=$SECONDS
   (
@@ -45,6 +52,10 @@ set +e
   --forbid "$NVCC_DIR"
 rc=$?
 set -e
+if [ "$(tree_fingerprint)" != "$before" ]; then
+  echo "check_reproducible: INCONCLUSIVE: the source tree changed while it was building; run it again" >&2
+  rc=3
+fi
 if [ $rc -eq 0 ] && [ -z "${REPRO_WORK:-}" ]; then
   rm -rf "$WORK"
 else

@@ -9,11 +9,13 @@
 # PYTEST ARGS: default `-m "not gpu" -q`; a partial wheel (TILEBAKE_OPS) fails the tests of the
 # ops it lacks and tests/test_build.py, so pass a selection for one, e.g. `-m "not gpu" -q tests/moe`.
 # Environment:
-#   WHEELHOUSE   where to put the wheelhouse (default: a new temporary directory); an existing
-#                one is reused, only missing files are downloaded (pip's cache serves repeats)
-#   TORCH        the torch requirement, pinned so nothing pulls a CUDA torch (default torch==2.13.0+cpu)
-#   TORCH_INDEX  where the CPU torch comes from (default https://download.pytorch.org/whl/cpu; set it
-#                empty where pip's own configuration already provides a CPU torch)
+#   WHEELHOUSE   where to put the wheelhouse (default: a new temporary directory); an existing one
+#                is reused (only missing files are downloaded; pip's cache serves repeats), but it
+#                must not hold other versions of the same packages: every file in it is pinned
+#   TORCH        the torch requirement, pinned to a +cpu build so nothing pulls a CUDA torch (default:
+#                the CPU torch that $PYTHON has, else torch==2.13.0+cpu)
+#   TORCH_INDEX  where the CPU torch comes from (default https://download.pytorch.org/whl/cpu; empty,
+#                or unreachable: pip's own configuration and cache must provide it)
 #   EXTRA_REQUIREMENTS  more packages for the wheelhouse, space-separated (e.g. numpy for a wheel
 #                built before numpy joined the test extra)
 #   PYTHON       the interpreter of the fresh venv (default python3); the wheelhouse is for it
@@ -24,16 +26,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: $0 WHEEL [PYTEST ARGS...]" >&2; exit 2; }
 WHEEL="$(realpath "$1")"
+case "$(basename "$WHEEL")" in tilebake-*.whl) ;; *) echo "offline_check: $1 is not named like a tilebake wheel (pip needs the name)" >&2; exit 2 ;; esac
 shift
 PYTEST_ARGS=("$@")
 [ ${#PYTEST_ARGS[@]} -gt 0 ] || PYTEST_ARGS=(-m "not gpu" -q)
 PY="${PYTHON:-python3}"
-TORCH="${TORCH:-torch==2.13.0+cpu}"
+if [ -z "${TORCH:-}" ]; then  # the CPU torch of the build environment if it has one (pip's cache holds it)
+  TORCH="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+  case "$TORCH" in *+cpu) TORCH="torch==$TORCH" ;; *) TORCH="torch==2.13.0+cpu" ;; esac
+fi
 TORCH_INDEX="${TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
+if [ -n "$TORCH_INDEX" ] && ! "$PY" -c 'import sys, urllib.request as u
+u.urlopen(u.Request(sys.argv[1], method="HEAD"), timeout=10)' "$TORCH_INDEX/" 2>/dev/null; then
+  echo "offline_check: $TORCH_INDEX is not reachable; $TORCH must come from pip's configuration or cache"
+  TORCH_INDEX=
+fi
 WORK="$(mktemp -d /tmp/tilebake-offline.XXXXXX)"
+trap 'echo "offline_check: FAILED; the venv, test copy and logs are in $WORK" >&2' ERR
 WHEELHOUSE="$(realpath -m "${WHEELHOUSE:-$WORK/wheelhouse}")"
 mkdir -p "$WHEELHOUSE"
 start=$SECONDS
+cleanup() {  # after success or a skip: the work dir goes, a wheelhouse the caller named stays
+  rm -rf "$WORK"
+  case "$WHEELHOUSE" in "$WORK"/*) ;; *) echo "offline_check: the wheelhouse is $WHEELHOUSE" ;; esac
+}
 
 # --- 1. online: the wheelhouse ---
 # Only wheels (no sdist builds on the offline side). The torch pin also constrains the
@@ -68,6 +84,7 @@ echo "offline_check: wheelhouse ready in $((SECONDS - start)) s"
 if ! unshare -n true 2>/dev/null; then
   echo "offline_check: SKIPPED the offline install: 'unshare -n' is not permitted here (needs root or user namespaces)" >&2
   [ "${OFFLINE_REQUIRE_UNSHARE:-0}" = 1 ] && exit 1
+  cleanup
   exit 0
 fi
 # The tests run from a copy outside the source tree, so `import tilebake` is the installed wheel.
@@ -101,5 +118,5 @@ EOF
 export PY WORK WHEELHOUSE
 # Arrays do not cross `export`: hand the pytest arguments over as the script's arguments.
 unshare -n bash -c 'PYTEST_ARGS=("$@"); . "$WORK/offline.sh"' offline "${PYTEST_ARGS[@]}"
-echo "offline_check: PASSED in $((SECONDS - start)) s in all (wheelhouse $WHEELHOUSE)"
-rm -rf "$WORK/venv" "$WORK/run"
+echo "offline_check: PASSED in $((SECONDS - start)) s in all"
+cleanup
