@@ -20,6 +20,7 @@
 #                built before numpy joined the test extra)
 #   PYTHON       the interpreter of the fresh venv (default python3); the wheelhouse is for it
 #   OFFLINE_REQUIRE_UNSHARE=1   fail instead of skipping where `unshare -n` is not permitted
+#   OFFLINE_KEEP=1   keep the work dir (venv, test copy) after success
 # The wheelhouse holds WHEELHOUSE/requirements.txt (every file pinned, with --hash=sha256:); on the
 # air-gapped machine: pip install --no-index --find-links WHEELHOUSE --require-hashes -r WHEELHOUSE/requirements.txt
 set -euo pipefail
@@ -47,7 +48,10 @@ WHEELHOUSE="$(realpath -m "${WHEELHOUSE:-$WORK/wheelhouse}")"
 mkdir -p "$WHEELHOUSE"
 start=$SECONDS
 cleanup() {  # after success or a skip: the work dir goes, a wheelhouse the caller named stays
+  local t=$SECONDS
+  [ "${OFFLINE_KEEP:-0}" = 1 ] && { echo "offline_check: kept $WORK"; return; }
   rm -rf "$WORK"
+  echo "offline_check: removing the work dir took $((SECONDS - t)) s"
   case "$WHEELHOUSE" in "$WORK"/*) ;; *) echo "offline_check: the wheelhouse is $WHEELHOUSE" ;; esac
 }
 
@@ -106,7 +110,7 @@ fi
 "$PY" -m venv "$WORK/venv"
 . "$WORK/venv/bin/activate"
 t=$SECONDS
-python -m pip install -q --no-index --find-links "$WHEELHOUSE" --require-hashes -r "$WHEELHOUSE/requirements.txt"
+python -m pip install -q --no-compile --no-index --find-links "$WHEELHOUSE" --require-hashes -r "$WHEELHOUSE/requirements.txt"
 echo "offline_check: offline install took $((SECONDS - t)) s"
 cd "$WORK/run"
 python -c "import tilebake, sys; assert tilebake.__file__.startswith(sys.prefix), tilebake.__file__; print('offline_check: testing', tilebake.__file__)"
