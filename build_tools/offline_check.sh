@@ -43,7 +43,7 @@ u.urlopen(u.Request(sys.argv[1], method="HEAD"), timeout=10)' "$TORCH_INDEX/" 2>
   TORCH_INDEX=
 fi
 WORK="$(mktemp -d /tmp/tilebake-offline.XXXXXX)"
-trap 'echo "offline_check: FAILED; the venv, test copy and logs are in $WORK" >&2' ERR
+trap 'echo "offline_check: FAILED (see above); the venv and the test copy are in $WORK" >&2' ERR
 WHEELHOUSE="$(realpath -m "${WHEELHOUSE:-$WORK/wheelhouse}")"
 mkdir -p "$WHEELHOUSE"
 start=$SECONDS
