@@ -172,8 +172,12 @@ def source_fingerprint() -> str:
 
 
 def cmd_manifest(args):
-    import tilelang
+    # CMake runs this on every build (so the git commit is never stale): find tilelang's version
+    # and directory without importing it (4 s).
+    import importlib.metadata
+    import importlib.util
 
+    tilelang_dir = os.path.dirname(importlib.util.find_spec("tilelang").origin)
     out = Path(args.out)
     kernels = {}
     for vid in variants_by_id(args.ops):
@@ -183,17 +187,20 @@ def cmd_manifest(args):
             meta["binary"] = f"{arch}/{cubin.name}"
             meta["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()
             kernels.setdefault(vid, {})[arch] = meta
-    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    # safe.directory: a checkout owned by another user (a build container) is still read.
+    git = subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
     by_op = {}
     for vid, per_arch in kernels.items():
         by_op.setdefault(next(iter(per_arch.values()))["op"], {})[vid] = per_arch
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         "backends": {"cuda": {"archs": args.arch}},
-        "tilelang_version": tilelang.__version__,
+        "tilelang_version": importlib.metadata.version("tilelang"),
         "nvcc_version": nvcc_version(args.nvcc),
         # Install paths would make the manifest differ between build environments.
-        "nvcc_flags": args.nvcc_flags.replace(os.path.dirname(tilelang.__file__), "<tilelang>"),
+        "nvcc_flags": args.nvcc_flags.replace(tilelang_dir, "<tilelang>"),
         "source_sha256": source_fingerprint(),
         "git_commit": git.stdout.strip() if git.returncode == 0 else "unknown",
         "partial_build_ops": sorted(filter(None, args.ops.split(","))) or None,
