@@ -92,10 +92,12 @@ if ! unshare -n true 2>/dev/null; then
   exit 0
 fi
 # The tests run from a copy outside the source tree, so `import tilebake` is the installed wheel.
+# The same files as cibuildwheel's test-sources: the tests also check the benchmark cases, the
+# build tools and the workflows; there is no src/ beside them.
 mkdir -p "$WORK/run/bench"
-cp -r tests "$WORK/run/"
-cp pyproject.toml "$WORK/run/"  # the pytest configuration (markers); there is no src/ beside it
-cp bench/*.py "$WORK/run/bench/"  # tests/test_bench_coverage.py reads the benchmark cases
+cp -r tests build_tools .github "$WORK/run/"
+cp pyproject.toml "$WORK/run/"  # the pytest configuration (markers)
+cp bench/*.py "$WORK/run/bench/"
 find "$WORK/run" -name __pycache__ -prune -exec rm -rf {} +
 
 # Inside the namespace: no network at all (only a loopback that is down), and no pip
