@@ -161,3 +161,31 @@ def check_reduce_args(x, topk_weights, token_topk_to_pos, fp8_format, sf):
             raise ValueError(f"sf must be on x's device {data.device}, got {sf.device}")
     out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else data.dtype
     return data, x_sf, token_topk_to_pos.shape[1], out_dtype
+
+
+def mapping_result(
+    pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+    num_tokens_per_expert, should_sync: bool,
+):  # fmt: skip
+    """get_fused_mapping's 7 tensors and the host list of per-expert counts: with a sync, the
+    counts come to the host and the position maps are cut to the rows used; without, the list
+    is empty and the maps keep their full size."""
+    counts_list: list[int] = []
+    if should_sync:
+        counts_list = num_tokens_per_expert.tolist()
+        used = sum(counts_list)
+        pos_to_expert, pos_to_token, pos_to_token_topk = (
+            pos_to_expert[:used],
+            pos_to_token[:used],
+            pos_to_token_topk[:used],
+        )
+    return (
+        pos_to_expert,
+        pos_to_token,
+        pos_to_token_topk,
+        token_topk_to_pos,
+        expert_start,
+        expert_end,
+        num_tokens_per_expert,
+        counts_list,
+    )

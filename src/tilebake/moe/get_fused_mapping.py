@@ -12,7 +12,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.moe._common import check_mapping_args, mapping_size
+from tilebake.moe._common import check_mapping_args, mapping_result, mapping_size
 from tilebake.utils import ceil_div
 
 MAX_EXPERTS = 1024  # the scatter's per-warp counters live in shared memory (WARPS x MAX_EXPERTS int32)
@@ -133,22 +133,7 @@ def get_fused_mapping(
             steps, numel, num_experts, num_segments, num_expanded_tokens,
         )  # fmt: skip
 
-    counts_list: list[int] = []
-    if should_sync:
-        counts_list = num_tokens_per_expert.tolist()
-        used = sum(counts_list)
-        pos_to_expert, pos_to_token, pos_to_token_topk = (
-            pos_to_expert[:used],
-            pos_to_token[:used],
-            pos_to_token_topk[:used],
-        )
-    return (
-        pos_to_expert,
-        pos_to_token,
-        pos_to_token_topk,
-        token_topk_to_pos,
-        expert_start,
-        expert_end,
-        num_tokens_per_expert,
-        counts_list,
-    )
+    return mapping_result(
+        pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+        num_tokens_per_expert, should_sync,
+    )  # fmt: skip

@@ -23,6 +23,7 @@ from tilebake.moe._common import (
     check_positions,
     check_quant_input,
     check_reduce_args,
+    mapping_result,
     mapping_size,
 )
 
@@ -93,25 +94,10 @@ def get_fused_mapping(
     num_tokens_per_expert = aligned.to(torch.int32)
     expert_start, expert_end = expert_start.to(torch.int32), expert_end.to(torch.int32)
 
-    counts_list: list[int] = []
-    if should_sync:
-        counts_list = num_tokens_per_expert.tolist()
-        used = sum(counts_list)
-        pos_to_expert, pos_to_token, pos_to_token_topk = (
-            pos_to_expert[:used],
-            pos_to_token[:used],
-            pos_to_token_topk[:used],
-        )
-    return (
-        pos_to_expert,
-        pos_to_token,
-        pos_to_token_topk,
-        token_topk_to_pos,
-        expert_start,
-        expert_end,
-        num_tokens_per_expert,
-        counts_list,
-    )
+    return mapping_result(
+        pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+        num_tokens_per_expert, should_sync,
+    )  # fmt: skip
 
 
 def _scatter_rows(src: torch.Tensor, out: torch.Tensor, token_topk_to_pos: torch.Tensor) -> None:
