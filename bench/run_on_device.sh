@@ -9,7 +9,7 @@
 set -uo pipefail
 OUT=${OUT:-bench/results}
 rm -rf /tmp/site  # a warm machine may hold an earlier call's install
-python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/tilebake-*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site dist/tilebake-*.whl dist/tilebake_cuda-*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import sys, torch, tilebake; print(sys.version.split()[0], torch.__version__, tilebake.__file__)"

@@ -194,8 +194,14 @@ def cmd_manifest(args):
     by_op = {}
     for vid, per_arch in kernels.items():
         by_op.setdefault(next(iter(per_arch.values()))["op"], {})[vid] = per_arch
+    from tilebake import __version__ as tilebake_version
+
     manifest = {
         "manifest_version": MANIFEST_VERSION,
+        # The kernels and the runtime that launches them come from one commit: the runtime
+        # refuses a kernel package of another version (their parameter lists may differ).
+        "package": "tilebake-cuda",
+        "tilebake_version": tilebake_version,
         "backends": {"cuda": {"archs": args.arch}},
         "tilelang_version": importlib.metadata.version("tilelang"),
         "nvcc_version": nvcc_version(args.nvcc),

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Ascend build entry for CI (wheels.yml, in a CANN container image). It checks for the CANN
-# toolchain and then runs the Ascend kernel build. tilebake has no Ascend kernels yet, so after
-# the toolchain check this script fails on purpose, saying so, rather than report a build it did
-# not do.
-# Exit codes: 0 built, 2 no CANN toolchain, 3 no Ascend build entry point in this checkout.
+# toolchain and then builds the Ascend kernel package, tilebake-ascend (backends/ascend, the
+# counterpart of backends/cuda: README, "Packages") into wheelhouse/. tilebake has no Ascend
+# kernels yet, so after the toolchain check this script fails on purpose, saying so, rather than
+# report a build it did not do.
+# Exit codes: 0 built, 2 no CANN toolchain, 3 no Ascend kernel package in this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,13 +48,13 @@ for info in "$ASCEND_HOME_PATH"/*/version.cfg "$ASCEND_HOME_PATH"/version.cfg; d
   fi
 done
 
-# The Ascend counterpart of build_tools/aot.py (lower every variant with TileLang's Ascend
-# backend, compile with CANN, write the manifest) is this entry point; it does not exist yet.
-entry=build_tools/aot_ascend.py
-if [[ ! -f "$entry" ]]; then
-  echo "::error::No Ascend kernels to build yet: $entry (the Ascend build entry point) does not exist" \
-    "in this checkout. The CANN toolchain is there; this job fails until the Ascend backend lands" \
-    "(issue 6)." >&2
+# The Ascend kernel package (lower every variant with TileLang's Ascend backend, compile with
+# CANN, write the manifest, as backends/cuda does with nvcc); it does not exist yet.
+package=backends/ascend
+if [[ ! -f "$package/pyproject.toml" ]]; then
+  echo "::error::No Ascend kernels to build yet: $package/pyproject.toml (the tilebake-ascend package)" \
+    "does not exist in this checkout. The CANN toolchain is there; this job fails until the Ascend" \
+    "backend lands." >&2
   exit 3
 fi
-python "$entry" "$@"
+python -m pip wheel --no-build-isolation --no-deps -w wheelhouse "$package"

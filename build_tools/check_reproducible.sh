@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the wheel twice from this tree, in two separate build dirs and output dirs, and check
-# that the two wheels are byte-identical (issue 6). Usage:
+# Build each wheel (the runtime, tilebake, and the CUDA kernels, tilebake-cuda) twice from this
+# tree, in separate build dirs and output dirs, and check that each pair is byte-identical
+# (issue 6). Usage:
 #
 #   bash build_tools/check_reproducible.sh [OPS]
 #
@@ -32,12 +33,13 @@ tree_fingerprint() {
 }
 before="$(tree_fingerprint)"
 
-build() {  # build NAME UMASK
+build() {  # build NAME UMASK: both packages
   local start=$SECONDS
   (
     umask "$2"
+    "$PY" -m pip wheel -q --no-build-isolation --no-deps -C build-dir="$WORK/$1/build-runtime" -w "$WORK/$1/dist" .
     "$PY" -m pip wheel -q --no-build-isolation --no-deps \
-      -C build-dir="$WORK/$1/build" -C cmake.define.TILEBAKE_OPS="$OPS" -w "$WORK/$1/dist" .
+      -C build-dir="$WORK/$1/build-cuda" -C cmake.define.TILEBAKE_OPS="$OPS" -w "$WORK/$1/dist" backends/cuda
   )
   echo "check_reproducible: build $1 (umask $2) took $((SECONDS - start)) s"
 }
@@ -46,12 +48,13 @@ build second-build 002
 
 TL_DIR="$("$PY" -c 'import os, tilelang; print(os.path.dirname(tilelang.__file__))')"
 NVCC_DIR="$(dirname "$(command -v nvcc || echo /nonexistent/nvcc)")"
-set +e
-"$PY" build_tools/compare_wheels.py "$WORK"/a/dist/*.whl "$WORK"/second-build/dist/*.whl \
-  --forbid "$PWD" --forbid "$WORK" --forbid "$TL_DIR" --forbid "$("$PY" -c 'import sys; print(sys.prefix)')" \
-  --forbid "$NVCC_DIR"
-rc=$?
-set -e
+rc=0
+for wheel in "$WORK"/a/dist/*.whl; do
+  "$PY" build_tools/compare_wheels.py "$wheel" "$WORK/second-build/dist/$(basename "$wheel")" \
+    --forbid "$PWD" --forbid "$WORK" --forbid "$TL_DIR" --forbid "$("$PY" -c 'import sys; print(sys.prefix)')" \
+    --forbid "$NVCC_DIR" || rc=1
+done
+[ "$(ls "$WORK"/a/dist/*.whl | wc -l)" = 2 ] || { echo "check_reproducible: expected 2 wheels per build" >&2; rc=1; }
 if [ "$(tree_fingerprint)" != "$before" ]; then
   echo "check_reproducible: INCONCLUSIVE: the source tree changed while it was building; run it again" >&2
   rc=3

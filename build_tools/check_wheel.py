@@ -1,16 +1,18 @@
 """Check what a tilebake wheel (or an installed tilebake) ships, without importing it.
 
-    python build_tools/check_wheel.py dist/tilebake-*.whl       # wheels (wheels.yml)
-    python build_tools/check_wheel.py --installed               # the tilebake pip installed (.ci/run)
+    python build_tools/check_wheel.py dist/*.whl       # wheels (wheels.yml)
+    python build_tools/check_wheel.py --installed      # what pip installed (tests/test_check_wheel.py)
 
-Fails (exit 1, one line per problem) unless:
-- tilebake/kernels/manifest.json and one kernels/ops/<op>.json per listed op are there;
-- every binary the op manifests name is there with the sha256 they record, and no cubin is
-  there that no manifest names;
-- no kernel or launcher source (.cu, .cuh, .c, .cc, .cpp) is shipped;
-- every shared object NEEDs only glibc: no libtorch/libc10 (one wheel for every torch), no
-  libcuda/libcudart (the launcher dlopens the driver), no libpython (stable ABI), nothing
-  auditwheel grafted;
+A wheel is one of two packages (README, "Packages"), told apart by its contents. Fails (exit 1,
+one line per problem) unless:
+- the runtime (tilebake/...) has its native launcher, which NEEDs only glibc: no libtorch/libc10
+  (one wheel for every torch), no libcuda/libcudart (the launcher dlopens the driver), no
+  libpython (stable ABI), nothing auditwheel grafted; and it holds no kernels;
+- the CUDA kernels (tilebake_cuda/...) have kernels/manifest.json and one kernels/ops/<op>.json per
+  listed op; every binary the op manifests name is there with the sha256 they record; no cubin is
+  there that no manifest names; no host code (shared objects); the manifest's tilebake version is
+  the one the wheel's metadata requires; the wheel is py3-none-any;
+- neither ships a kernel or launcher source (.cu, .cuh, .c, .cc, .cpp);
 - each file (wheel) is under --max-mb (100 MB);
 - the build is not a developer's partial build (TILEBAKE_OPS), unless --allow-partial.
 """
@@ -19,6 +21,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import re
 import struct
 import sys
 import zipfile
@@ -62,12 +65,52 @@ def elf_needed(image: bytes) -> list[str]:
     return needed
 
 
+RUNTIME, CUDA_KERNELS = "tilebake", "tilebake_cuda"
+
+
+def is_shared_object(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".so") or ".so." in name
+
+
 def check_tree(files: dict, allow_partial: bool) -> list[str]:
-    """files: {path relative to the install root ("tilebake/..."): () -> bytes}."""
+    """files: {path relative to the install root ("tilebake/...", "tilebake_cuda/..."): () -> bytes}
+    of one package; its dist-info may be there too."""
+    packages = {p.split("/", 1)[0] for p in files if not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
+    if packages == {RUNTIME}:
+        errors = check_runtime(files)
+    elif packages == {CUDA_KERNELS}:
+        errors = check_cuda_kernels(files, allow_partial)
+    else:
+        return [f"holds {sorted(packages)}; a wheel is {RUNTIME} or {CUDA_KERNELS}, alone"]
+    errors += [f"{path}: source file shipped" for path in sorted(files) if path.endswith(SOURCE_SUFFIXES)]
+    return errors
+
+
+def check_runtime(files: dict) -> list[str]:
     errors = []
-    kdir = "tilebake/kernels/"
+    for path in sorted(files):
+        if path.endswith(".cubin") or path.startswith(f"{RUNTIME}/kernels/"):
+            errors.append(f"{path}: kernels in the runtime package (they are {CUDA_KERNELS}'s)")
+        if is_shared_object(path):
+            try:
+                needed = elf_needed(files[path]())
+            except (ValueError, struct.error, IndexError) as exc:
+                errors.append(f"{path}: unreadable ELF ({exc})")
+                continue
+            bad = [n for n in needed if n not in ALLOWED_NEEDED and not n.startswith(ALLOWED_NEEDED_PREFIXES)]
+            if bad:
+                errors.append(f"{path}: links {', '.join(bad)} (only glibc allowed)")
+    if not any(p.startswith(f"{RUNTIME}/_runtime/_launcher") for p in files):
+        errors.append(f"the native launcher ({RUNTIME}/_runtime/_launcher*.so) is missing")
+    return errors
+
+
+def check_cuda_kernels(files: dict, allow_partial: bool) -> list[str]:
+    errors = []
+    kdir = f"{CUDA_KERNELS}/kernels/"
     if kdir + "manifest.json" not in files:
-        return [f"{kdir}manifest.json is missing (a wheel without kernels?)"]
+        return [f"{kdir}manifest.json is missing (a kernel package without kernels?)"]
     header = json.loads(files[kdir + "manifest.json"]())
     if header.get("partial_build_ops") and not allow_partial:
         errors.append(f"partial build (TILEBAKE_OPS={','.join(header['partial_build_ops'])}): not a release wheel")
@@ -90,34 +133,38 @@ def check_tree(files: dict, allow_partial: bool) -> list[str]:
     for path in sorted(files):
         if path.endswith(".cubin") and path not in named:
             errors.append(f"{path}: a cubin no manifest names")
-        if path.endswith(SOURCE_SUFFIXES):
-            errors.append(f"{path}: source file shipped")
-        if path.endswith(".so") or ".so." in path.rsplit("/", 1)[-1]:
-            try:
-                needed = elf_needed(files[path]())
-            except (ValueError, struct.error, IndexError) as exc:
-                errors.append(f"{path}: unreadable ELF ({exc})")
-                continue
-            bad = [n for n in needed if n not in ALLOWED_NEEDED and not n.startswith(ALLOWED_NEEDED_PREFIXES)]
-            if bad:
-                errors.append(f"{path}: links {', '.join(bad)} (only glibc allowed)")
-    if not any(p.startswith("tilebake/_runtime/_launcher") for p in files):
-        errors.append("the native launcher (tilebake/_runtime/_launcher*.so) is missing")
+        if is_shared_object(path):
+            errors.append(f"{path}: host code in the data-only kernel package")
+    metadata = [p for p in files if p.endswith(".dist-info/METADATA")]
+    if metadata:  # a wheel, or an installed package's dist-info
+        requires = re.findall(r"^Requires-Dist: (.+)$", files[metadata[0]]().decode(), re.M)
+        wanted = f"{RUNTIME}=={header.get('tilebake_version')}"
+        if wanted not in [r.replace(" ", "") for r in requires]:
+            errors.append(f"the metadata requires {requires}, not {wanted} (the manifest's runtime version)")
     return errors
+
+
+def check_wheel_tag(name: str, files: dict) -> list[str]:
+    """The runtime is one stable-ABI wheel per platform; the kernels, data only, one for all."""
+    tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
+    if any(p.startswith(f"{CUDA_KERNELS}/") for p in files):
+        return [] if tag == "py3-none-any" else [f"tagged {tag}; the data-only kernel package is py3-none-any"]
+    return [] if tag.startswith("cp310-abi3-") else [f"tagged {tag}; the runtime is cp310-abi3 (stable ABI)"]
 
 
 def wheel_files(zf: zipfile.ZipFile) -> dict:
     return {n: (lambda n=n: zf.read(n)) for n in zf.namelist() if not n.endswith("/")}
 
 
-def installed_files() -> tuple[Path, dict]:
-    spec = importlib.util.find_spec("tilebake")  # finds the package without importing it (no torch)
+def installed_files(package: str) -> tuple[Path, dict]:
+    """One installed package's files (and its dist-info), found without importing it (no torch)."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("check_wheel: tilebake is not installed in this environment")
+        raise SystemExit(f"check_wheel: {package} is not installed in this environment")
     pkg = Path(next(iter(spec.submodule_search_locations)))
     root = pkg.parent
     files = {}
-    for p in pkg.rglob("*"):
+    for p in [*pkg.rglob("*"), *root.glob(f"{package}-*.dist-info/*")]:
         if p.is_file() and "__pycache__" not in p.parts:
             files[p.relative_to(root).as_posix()] = p.read_bytes
     return pkg, files
@@ -126,7 +173,7 @@ def installed_files() -> tuple[Path, dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("wheels", nargs="*", type=Path)
-    parser.add_argument("--installed", action="store_true", help="check the tilebake installed in this Python")
+    parser.add_argument("--installed", action="store_true", help="check the tilebake and tilebake-cuda installed here")
     parser.add_argument("--max-mb", type=float, default=100.0)
     parser.add_argument("--allow-partial", action="store_true", help="accept a TILEBAKE_OPS partial build")
     args = parser.parse_args(argv)
@@ -135,13 +182,16 @@ def main(argv=None) -> int:
     failed = False
     targets = []
     if args.installed:
-        pkg, files = installed_files()
-        targets.append((str(pkg), files, None))
+        for package in (RUNTIME, CUDA_KERNELS):
+            pkg, files = installed_files(package)
+            targets.append((str(pkg), files, None))
     for wheel in args.wheels:
         zf = zipfile.ZipFile(wheel)
         targets.append((wheel.name, wheel_files(zf), wheel.stat().st_size))
     for name, files, size in targets:
         errors = check_tree(files, args.allow_partial)
+        if size is not None:
+            errors += check_wheel_tag(name, files)
         if size is not None and size > args.max_mb * MB:
             errors.append(f"{size / MB:.1f} MB > {args.max_mb:g} MB")
         cubins = sum(p.endswith(".cubin") for p in files)

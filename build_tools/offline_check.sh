@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Offline install check (issue 6): make a wheelhouse with hashes for a tilebake wheel, then,
-# with no network (a new network namespace: `unshare -n`), install it into a fresh virtual
-# environment from that wheelhouse alone and run the CPU tests against the installed package.
+# Offline install check (issue 6): make a wheelhouse with hashes for tilebake's wheels, then,
+# with no network (a new network namespace: `unshare -n`), install them into a fresh virtual
+# environment from that wheelhouse alone and run the CPU tests against the installed packages.
 #
-#   bash build_tools/offline_check.sh WHEEL [PYTEST ARGS...]
+#   bash build_tools/offline_check.sh RUNTIME_WHEEL KERNEL_WHEEL [PYTEST ARGS...]
 #
-# WHEEL: a built tilebake wheel (pip wheel --no-build-isolation --no-deps -w dist .).
+# RUNTIME_WHEEL: tilebake-*.whl (pip wheel --no-build-isolation --no-deps -w dist .); KERNEL_WHEEL:
+# tilebake_cuda-*.whl (... -w dist backends/cuda). Either order.
 # PYTEST ARGS: default `-m "not gpu" -q`; a partial wheel (TILEBAKE_OPS) fails the tests of the
 # ops it lacks and tests/test_build.py, so pass a selection for one, e.g. `-m "not gpu" -q tests/moe`.
 # Environment:
@@ -25,10 +26,18 @@
 # air-gapped machine: pip install --no-index --find-links WHEELHOUSE --require-hashes -r WHEELHOUSE/requirements.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] && [ -f "$1" ] || { echo "usage: $0 WHEEL [PYTEST ARGS...]" >&2; exit 2; }
-WHEEL="$(realpath "$1")"
-case "$(basename "$WHEEL")" in tilebake-*.whl) ;; *) echo "offline_check: $1 is not named like a tilebake wheel (pip needs the name)" >&2; exit 2 ;; esac
-shift
+usage="usage: $0 RUNTIME_WHEEL KERNEL_WHEEL [PYTEST ARGS...]"
+RUNTIME_WHEEL="" KERNEL_WHEEL=""
+for _ in 1 2; do
+  [ $# -ge 1 ] && [ -f "$1" ] || { echo "$usage" >&2; exit 2; }
+  case "$(basename "$1")" in  # pip needs the file names
+    tilebake-*.whl) RUNTIME_WHEEL="$(realpath "$1")" ;;
+    tilebake_cuda-*.whl) KERNEL_WHEEL="$(realpath "$1")" ;;
+    *) echo "offline_check: $1 is named like neither tilebake-*.whl nor tilebake_cuda-*.whl" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ -n "$RUNTIME_WHEEL" ] && [ -n "$KERNEL_WHEEL" ] || { echo "$usage" >&2; exit 2; }
 PYTEST_ARGS=("$@")
 [ ${#PYTEST_ARGS[@]} -gt 0 ] || PYTEST_ARGS=(-m "not gpu" -q)
 PY="${PYTHON:-python3}"
@@ -58,12 +67,13 @@ cleanup() {  # after success or a skip: the work dir goes, a wheelhouse the call
 # --- 1. online: the wheelhouse ---
 # Only wheels (no sdist builds on the offline side). The torch pin also constrains the
 # resolution of tilebake's own `torch>=2.4`, so PyPI's CUDA torch is never a candidate.
-rm -f "$WHEELHOUSE"/tilebake-*.whl
-cp "$WHEEL" "$WHEELHOUSE/"
+rm -f "$WHEELHOUSE"/tilebake-*.whl "$WHEELHOUSE"/tilebake_cuda-*.whl
+cp "$RUNTIME_WHEEL" "$KERNEL_WHEEL" "$WHEELHOUSE/"
 echo "$TORCH" > "$WORK/constraints.txt"
 "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$WHEELHOUSE" \
   ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} -c "$WORK/constraints.txt" \
-  "$TORCH" "$WHEELHOUSE/$(basename "$WHEEL")[test]" ${EXTRA_REQUIREMENTS:-}
+  "$TORCH" "$WHEELHOUSE/$(basename "$RUNTIME_WHEEL")[test]" "$WHEELHOUSE/$(basename "$KERNEL_WHEEL")" \
+  ${EXTRA_REQUIREMENTS:-}
 # One line per package, every file of it hashed (pip hash computes what --require-hashes checks).
 "$PY" - "$WHEELHOUSE" <<'EOF'
 import re, subprocess, sys
@@ -94,9 +104,10 @@ fi
 # The tests run from a copy outside the source tree, so `import tilebake` is the installed wheel.
 # The same files as cibuildwheel's test-sources: the tests also check the benchmark cases, the
 # build tools and the workflows; there is no src/ beside them.
-mkdir -p "$WORK/run/bench"
+mkdir -p "$WORK/run/bench" "$WORK/run/backends/cuda"
 cp -r tests build_tools .github "$WORK/run/"
 cp pyproject.toml "$WORK/run/"  # the pytest configuration (markers)
+cp backends/cuda/pyproject.toml "$WORK/run/backends/cuda/"  # the packaging tests read it
 cp bench/*.py "$WORK/run/bench/"
 find "$WORK/run" -name __pycache__ -prune -exec rm -rf {} +
 

@@ -34,7 +34,7 @@ def test_each_op_manifest_file_holds_exactly_that_op(manifest):
     for v in all_variants():
         declared.setdefault(v.op, set()).add(v.id)
     assert manifest["ops"] == sorted(declared)
-    files = sorted(p.stem for p in (loader.KERNEL_DIR / "ops").glob("*.json"))
+    files = sorted(p.stem for p in (loader.kernel_dir() / "ops").glob("*.json"))
     assert files == sorted(declared)
     for op, ids in declared.items():
         kernels = loader.op_kernels(op)
@@ -46,7 +46,7 @@ def test_every_variant_has_every_arch_with_intact_binaries(manifest):
     for vid, per_arch in manifest["kernels"].items():
         assert set(per_arch) == set(ARCHS), vid
         for arch, entry in per_arch.items():
-            image = (loader.KERNEL_DIR / entry["binary"]).read_bytes()
+            image = (loader.kernel_dir() / entry["binary"]).read_bytes()
             assert image[:4] == b"\x7fELF", entry["binary"]
             assert hashlib.sha256(image).hexdigest() == entry["sha256"], entry["binary"]
             assert entry["arch"] == arch and entry["backend"] == "cuda"
@@ -88,7 +88,7 @@ def test_cuobjdump_sees_the_right_elf_arch(manifest):
     for per_arch in manifest["kernels"].values():
         for arch, entry in per_arch.items():
             listing = subprocess.run(
-                [tool, "-lelf", str(loader.KERNEL_DIR / entry["binary"])], capture_output=True, text=True, check=True
+                [tool, "-lelf", str(loader.kernel_dir() / entry["binary"])], capture_output=True, text=True, check=True
             ).stdout
             assert f".{arch}.cubin" in listing, (entry["binary"], listing)
 

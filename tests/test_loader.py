@@ -41,12 +41,12 @@ def test_device_without_binary_names_both_archs(fake_device):
 def test_corrupt_binary_is_named(fake_device, monkeypatch, tmp_path):
     fake_device("sm_90a")
     kernels = tmp_path / "kernels"
-    shutil.copytree(loader.KERNEL_DIR, kernels)
+    shutil.copytree(loader.kernel_dir(), kernels)
     binary = kernels / loader.manifest()["kernels"][VARIANT.id]["sm_90a"]["binary"]
     data = bytearray(binary.read_bytes())
     data[100] ^= 0xFF
     binary.write_bytes(bytes(data))
-    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    monkeypatch.setattr(loader, "kernel_dir", lambda: kernels)
     with pytest.raises(CorruptArtifactError, match=f"{binary.name} does not match the sha256"):
         loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
     binary.unlink()
@@ -60,7 +60,7 @@ def _clear_manifest_caches():
 
 
 def test_missing_manifest(monkeypatch, tmp_path):
-    monkeypatch.setattr(loader, "KERNEL_DIR", tmp_path)
+    monkeypatch.setattr(loader, "kernel_dir", lambda: tmp_path)
     _clear_manifest_caches()
     try:
         with pytest.raises(CorruptArtifactError, match="manifest.json is missing"):
@@ -76,8 +76,8 @@ def test_missing_manifest(monkeypatch, tmp_path):
 def test_missing_or_corrupt_op_manifest(monkeypatch, tmp_path):
     """An op's own manifest file (kernels/ops/<op>.json) missing or unparsable is named."""
     kernels = tmp_path / "kernels"
-    shutil.copytree(loader.KERNEL_DIR, kernels)
-    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    shutil.copytree(loader.kernel_dir(), kernels)
+    monkeypatch.setattr(loader, "kernel_dir", lambda: kernels)
     _clear_manifest_caches()
     try:
         op_file = kernels / "ops" / f"{VARIANT.op}.json"
@@ -142,12 +142,12 @@ def test_manifest_launch_expressions_are_checked_before_evaluation(fake_device, 
 
     fake_device("sm_90a")
     kernels = tmp_path / "kernels"
-    shutil.copytree(loader.KERNEL_DIR, kernels)
+    shutil.copytree(loader.kernel_dir(), kernels)
     op_file = kernels / "ops" / f"{VARIANT.op}.json"
     data = json.loads(op_file.read_text())
     data["kernels"][VARIANT.id]["sm_90a"]["grid"][0] = "__import__('os').getpid()"
     op_file.write_text(json.dumps(data))
-    monkeypatch.setattr(loader, "KERNEL_DIR", kernels)
+    monkeypatch.setattr(loader, "kernel_dir", lambda: kernels)
     _clear_manifest_caches()
     try:
         with pytest.raises(CorruptArtifactError, match="not integer arithmetic on parameters"):

@@ -1,10 +1,11 @@
 """Command line: `python -m tilebake list` and `python -m tilebake doctor [--require OPS]`.
 
-Both work offline and compile nothing. `doctor` says which backend this machine has,
-which archs its devices are and whether the installed binaries cover them, verifies every
-binary against the manifest's sha256, and on a GPU smoke-runs every op against its
-reference. `--require per_token_cast,cast_back` exits 1 unless those ops can run on every
-GPU here (for cluster health checks).
+Both work offline and compile nothing. `list` prints the variants of the installed kernel
+package (tilebake-cuda). `doctor` says which backend this machine has, which kernel package
+is installed, which archs its devices are and whether the installed binaries cover them,
+verifies every binary against the manifest's sha256, and on a GPU smoke-runs every op
+against its reference. `--require per_token_cast,cast_back` exits 1 unless those ops can
+run on every GPU here (for cluster health checks).
 """
 
 from __future__ import annotations
@@ -13,26 +14,40 @@ import argparse
 import ctypes
 import hashlib
 import sys
+from pathlib import Path
 
 import torch
 
 import tilebake
 from tilebake._runtime import loader
+from tilebake.errors import TilebakeError
 
 
-def _ops_by_arch() -> dict[str, dict[str, set[str]]]:
+def _ops_by_arch(manifest: dict) -> dict[str, dict[str, set[str]]]:
     """op -> arch -> the variant ids built for it."""
     ops: dict[str, dict[str, set[str]]] = {}
-    for vid, per_arch in loader.manifest()["kernels"].items():
+    for vid, per_arch in manifest["kernels"].items():
         for arch, entry in per_arch.items():
             ops.setdefault(entry["op"], {}).setdefault(arch, set()).add(vid)
     return ops
 
 
+def _kernels_or_reason() -> tuple[dict | None, str]:
+    """The installed kernels' whole manifest, or None and why there is none."""
+    try:
+        return loader.manifest(), ""
+    except TilebakeError as e:  # not installed, another version, or a broken install
+        return None, str(e)
+
+
 def cmd_list(args) -> int:
-    manifest = loader.manifest()
+    manifest, reason = _kernels_or_reason()
+    if manifest is None:
+        print(f"tilebake {tilebake.__version__}: no kernels: {reason}")
+        return 1
     print(
-        f"tilebake {tilebake.__version__}: {len(manifest['kernels'])} variants, built with tilelang "
+        f"tilebake {tilebake.__version__}, {loader.CUDA_KERNELS_PACKAGE} at {loader.kernel_dir().parent}: "
+        f"{len(manifest['kernels'])} variants, built with tilelang "
         f"{manifest['tilelang_version']}, nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}"
     )
     for vid, per_arch in sorted(manifest["kernels"].items()):
@@ -50,11 +65,11 @@ def _driver_version() -> str:
     return "not found"
 
 
-def _verify_artifacts() -> list[str]:
+def _verify_artifacts(manifest: dict) -> list[str]:
     problems = []
-    for per_arch in loader.manifest()["kernels"].values():
+    for per_arch in manifest["kernels"].values():
         for entry in per_arch.values():
-            path = loader.KERNEL_DIR / entry["binary"]
+            path = loader.kernel_dir() / entry["binary"]
             try:
                 if hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
                     problems.append(f"{path}: sha256 mismatch")
@@ -64,34 +79,32 @@ def _verify_artifacts() -> list[str]:
 
 
 def _smoke_run(device: int) -> list[str]:
-    """Every op once on `device`, bytes compared with the reference."""
-    failures = []
-    with torch.cuda.device(device):
-        x = torch.randn(67, 4096, device="cuda").to(torch.bfloat16)
-        data, sf = tilebake.quant.per_token_cast(x, "e4m3", 128)
-        ref = tilebake.torch.cast(x, "e4m3", (1, 128))
-        if not (torch.equal(data.view(torch.uint8), ref[0].view(torch.uint8)) and torch.equal(sf, ref[1])):
-            failures.append("per_token_cast")
-        y = tilebake.quant.cast_back((data, sf), "bf16", (1, 128))
-        if not torch.equal(y, tilebake.torch.cast_back(ref, "e4m3", (1, 128))):
-            failures.append("cast_back")
-        torch.cuda.synchronize()
-    return failures
+    """Every op once on `device` against its reference (tilebake._smoke): "op: what differs" per failure."""
+    from tilebake._smoke import run_smoke
+
+    return run_smoke(torch.device("cuda", device))
 
 
 def cmd_doctor(args) -> int:
-    manifest = loader.manifest()
-    ops = _ops_by_arch()
     required = [op for op in (args.require or "").split(",") if op]
-    unknown = [op for op in required if op not in ops]
-    if unknown:
-        print(f"--require: unknown ops {unknown}; this wheel has {sorted(ops)}")
-        return 2
-    print(f"tilebake {tilebake.__version__} at {loader.KERNEL_DIR.parent}")
+    print(f"tilebake {tilebake.__version__} (runtime) at {Path(tilebake.__file__).parent}")
     print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {_driver_version()}")
-    print(f"binaries: {', '.join(manifest['backends']['cuda']['archs'])}; tilelang {manifest['tilelang_version']}, "
-          f"nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}")  # fmt: skip
-    problems = _verify_artifacts()
+    manifest, reason = _kernels_or_reason()
+    if manifest is None:
+        print(f"{loader.CUDA_KERNELS_PACKAGE}: {reason}")
+        manifest = {"kernels": {}}
+        problems = [] if not torch.cuda.is_available() else [f"no usable {loader.CUDA_KERNELS_PACKAGE}"]
+    else:
+        print(f"{loader.CUDA_KERNELS_PACKAGE} {manifest['tilebake_version']} at {loader.kernel_dir().parent}")
+        print(f"binaries: {', '.join(manifest['backends']['cuda']['archs'])}; tilelang {manifest['tilelang_version']}, "
+              f"nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}")  # fmt: skip
+        problems = []
+        unknown = [op for op in required if op not in manifest["ops"]]
+        if unknown:
+            print(f"--require: unknown ops {unknown}; the installed kernels have {manifest['ops']}")
+            return 2
+    ops = _ops_by_arch(manifest)
+    problems += _verify_artifacts(manifest)
     count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
     print(f"artifacts: {count} binaries, " + ("all match their sha256" if not problems else f"{len(problems)} bad:"))
     for problem in problems:
@@ -102,18 +115,21 @@ def cmd_doctor(args) -> int:
         print("backend: none (no CUDA device); every op runs on its pure-torch reference on CPU tensors")
     else:
         print("backend: cuda")
-        uncovered = set()
+        uncovered = set(required) - set(ops)  # all of them when no kernels are installed
         for device in range(torch.cuda.device_count()):
             arch = loader.device_arch(device)
             missing = sorted(op for op in ops if arch not in ops[op])
             uncovered |= set(missing) & set(required)
-            covered = "all ops covered" if not missing else f"no binary for {missing}"
+            if not ops:
+                covered = "no kernels installed"
+            else:
+                covered = "all ops covered" if not missing else f"no binary for {missing}"
             print(f"  cuda:{device} {torch.cuda.get_device_name(device)}: {arch}, {covered}")
-            if not missing and not problems:
+            if ops and not missing and not problems:
                 failures = _smoke_run(device)
                 print("    smoke run: " + ("every op matches its reference" if not failures else f"FAILED {failures}"))
-                problems += [f"cuda:{device} smoke run {op}" for op in failures]
-                uncovered |= set(failures) & set(required)
+                problems += [f"cuda:{device} smoke run {failure}" for failure in failures]
+                uncovered |= {failure.split(":", 1)[0] for failure in failures} & set(required)
     if required:
         print(f"--require {','.join(required)}: " + ("ok" if not uncovered else f"NOT covered: {sorted(uncovered)}"))
     return 1 if problems or uncovered else 0

@@ -1,7 +1,7 @@
 """Compile-time variant keys: the one declaration shared by the build, the runtime and the tests.
 
 Each op declares a frozen dataclass whose fields are its compile-time key and whose
-`all()` enumerates exactly what the wheel contains. The build lowers `all()`, the
+`all()` enumerates exactly what the kernel package contains. The build lowers `all()`, the
 runtime looks a call's key up in the manifest by `id`, and a test checks that the
 built manifest holds exactly `all()`. Runtime sizes, strides and scalars are never
 fields here: they are kernel arguments.
@@ -34,7 +34,7 @@ class Variant:
     @classmethod
     def closest(cls, wanted: Variant, limit: int = 4, built=None) -> list[str]:
         """Variants differing from `wanted` in the fewest fields, for error messages: among the
-        declared ones (cls.all()), or only those whose ids are in `built` (what a wheel holds)."""
+        declared ones (cls.all()), or only those whose ids are in `built` (what a kernel package holds)."""
         names = [f.name for f in dataclasses.fields(cls)]
 
         def distance(v: Variant) -> int:

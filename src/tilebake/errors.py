@@ -6,11 +6,15 @@ class TilebakeError(Exception):
 
 
 class VariantNotBuiltError(TilebakeError, NotImplementedError):
-    """The call needs a compile-time variant that this wheel does not contain."""
+    """The call needs a compile-time variant that the installed kernels do not contain."""
+
+
+class KernelsNotInstalledError(TilebakeError, RuntimeError):
+    """The backend's kernel package (tilebake-cuda) is not installed, or is of another version."""
 
 
 class NoBinaryForDeviceError(TilebakeError, RuntimeError):
-    """The GPU's architecture has no binary in the installed wheel."""
+    """The GPU's architecture has no binary in the installed kernel package."""
 
 
 class CorruptArtifactError(TilebakeError, RuntimeError):

@@ -1,11 +1,13 @@
-"""Binds the wheel's precompiled kernels to torch tensors.
+"""Binds the precompiled kernels to torch tensors.
 
-The manifest (written by build_tools/aot.py) is the one contract with the build: per
-variant and arch it names the binary, its sha256, the entry symbol, the kernel's
-parameter order and the launch geometry as expressions of runtime dims. Nothing here
-compiles, writes files or imports tilelang. A binary is read, verified and loaded the
-first time its variant runs on a device; later calls cost one dict lookup, two small
-Python calls and one native launch.
+The kernels are not in this package: they are the tilebake-cuda package (import name
+`tilebake_cuda`), found here at run time, so that a backend's kernels install without the
+others' (README, "Packages"). Its manifest (written by build_tools/aot.py) is the one
+contract with the build: per variant and arch it names the binary, its sha256, the entry
+symbol, the kernel's parameter order and the launch geometry as expressions of runtime
+dims. Nothing here compiles, writes files or imports tilelang. A binary is read, verified
+and loaded the first time its variant runs on a device; later calls cost one dict lookup,
+two small Python calls and one native launch.
 """
 
 from __future__ import annotations
@@ -13,16 +15,44 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib
 import json
 import operator
 from pathlib import Path
 
 import torch
 
-from tilebake.errors import CorruptArtifactError, NoBinaryForDeviceError, VariantNotBuiltError
+from tilebake.errors import CorruptArtifactError, KernelsNotInstalledError, NoBinaryForDeviceError, VariantNotBuiltError
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 MANIFEST_VERSION = 1
+# The CUDA kernels' distribution and import names.
+CUDA_KERNELS_PACKAGE = "tilebake-cuda"
+CUDA_KERNELS_MODULE = "tilebake_cuda"
+
+
+def _version() -> str:
+    import tilebake  # at call time: tilebake/__init__.py imports the ops, which import this module
+
+    return tilebake.__version__
+
+
+def install_hint() -> str:
+    return f"pip install {CUDA_KERNELS_PACKAGE}=={_version()} (or tilebake[cuda])"
+
+
+@functools.cache
+def kernel_dir() -> Path:
+    """The installed CUDA kernels' directory (the `tilebake_cuda` package's `kernels/`)."""
+    try:
+        package = importlib.import_module(CUDA_KERNELS_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != CUDA_KERNELS_MODULE:
+            raise
+        raise KernelsNotInstalledError(
+            f"tilebake's CUDA kernels are not installed: CUDA tensors need the {CUDA_KERNELS_PACKAGE} "
+            f"package next to tilebake. {install_hint()}"
+        ) from None
+    return Path(package.KERNEL_DIR)
 
 
 def _read_manifest_file(path: Path) -> dict:
@@ -30,8 +60,8 @@ def _read_manifest_file(path: Path) -> dict:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CorruptArtifactError(
-            f"{path} is missing: this tilebake installation has no compiled kernels "
-            "(was it installed from a source tree without building?)"
+            f"{path} is missing: the installed {CUDA_KERNELS_PACKAGE} has no compiled kernels "
+            f"(was it installed from a source tree without building?). Reinstall it: {install_hint()}"
         ) from None
     except (OSError, ValueError) as e:
         raise CorruptArtifactError(f"{path} is unreadable: {e}") from None
@@ -48,13 +78,20 @@ def op_kernels(op: str) -> dict:
     parses only its own kernels."""
     if op not in manifest_header()["ops"]:
         return {}
-    return _read_manifest_file(KERNEL_DIR / "ops" / f"{op}.json")["kernels"]
+    return _read_manifest_file(kernel_dir() / "ops" / f"{op}.json")["kernels"]
 
 
 @functools.cache
 def manifest_header() -> dict:
-    """The build facts (versions, archs, commit) and the list of ops the wheel holds."""
-    return _read_manifest_file(KERNEL_DIR / "manifest.json")
+    """The build facts (versions, archs, commit) and the list of ops the kernel package holds.
+    Refuses kernels of another tilebake version: their parameter lists may differ."""
+    header = _read_manifest_file(kernel_dir() / "manifest.json")
+    if header.get("tilebake_version") != _version():
+        raise KernelsNotInstalledError(
+            f"the installed {CUDA_KERNELS_PACKAGE} is for tilebake {header.get('tilebake_version')}, this is "
+            f"tilebake {_version()}: the two must be the same version. {install_hint()}"
+        )
+    return header
 
 
 @functools.cache
@@ -117,7 +154,7 @@ def _compile_grid(exprs: list[str], arg_names: tuple[str, ...], where: str):
 
 
 class Kernel:
-    """One compile-time variant of one op, loadable on any device the wheel covers.
+    """One compile-time variant of one op, loadable on any device the kernel package covers.
 
     `arg_names` is the order in which the op passes arguments; the manifest gives the
     order the compiled kernel takes them in, which the lowering is free to change.
@@ -132,10 +169,12 @@ class Kernel:
             closest = type(variant).closest(variant, built=built)
             if not closest:
                 raise VariantNotBuiltError(
-                    f"{variant.id} is not built into this wheel, nor any other {variant.op} variant"
+                    f"{variant.id} is not built into the installed {CUDA_KERNELS_PACKAGE}, "
+                    f"nor any other {variant.op} variant"
                 )
             raise VariantNotBuiltError(
-                f"{variant.id} is not built into this wheel; the closest built variants:\n  " + "\n  ".join(closest)
+                f"{variant.id} is not built into the installed {CUDA_KERNELS_PACKAGE}; the closest built variants:\n  "
+                + "\n  ".join(closest)
             )
         self._entries = entries
         self._per_device: dict[int, tuple] = {}
@@ -147,16 +186,16 @@ class Kernel:
         if entry is None:
             raise NoBinaryForDeviceError(
                 f"cuda:{device_index} ({torch.cuda.get_device_name(device_index)}) is {arch}; "
-                f"this tilebake wheel has binaries for {', '.join(sorted(self._entries))} only"
+                f"the installed {CUDA_KERNELS_PACKAGE} has binaries for {', '.join(sorted(self._entries))} only"
             )
-        path = KERNEL_DIR / entry["binary"]
+        path = kernel_dir() / entry["binary"]
         try:
             image = path.read_bytes()
         except OSError as e:
             raise CorruptArtifactError(f"kernel binary {path} is unreadable: {e}") from None
         if hashlib.sha256(image).hexdigest() != entry["sha256"]:
             raise CorruptArtifactError(
-                f"kernel binary {path} does not match the sha256 in the manifest; reinstall tilebake"
+                f"kernel binary {path} does not match the sha256 in the manifest; reinstall {CUDA_KERNELS_PACKAGE}"
             )
         params = [p["name"] for p in entry["params"]]
         if sorted(params) != sorted(self.arg_names):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# cibuildwheel's before-build, run inside the manylinux container with the build Python active:
-# installs the environment of `pip wheel --no-build-isolation` from PyPI. No CUDA install step:
-# the CUDA 13.0 compiler comes from NVIDIA's PyPI wheels, which CMakeLists.txt finds in
-# nvidia/cu13/bin. torch is only imported by tilelang at build time, so it is a CPU wheel.
+# The build environment of the CUDA kernels (backends/cuda: `pip wheel --no-build-isolation`),
+# installed from PyPI into the active Python (wheels.yml runs it in the manylinux_2_28 image).
+# No CUDA install step: the CUDA 13.0 compiler comes from NVIDIA's PyPI wheels, which
+# backends/cuda/CMakeLists.txt finds in nvidia/cu13/bin. torch is only imported by tilelang at
+# build time, so it is a CPU wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
