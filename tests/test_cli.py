@@ -38,3 +38,36 @@ def test_doctor_require():
         assert result.returncode == 0 and "--require per_token_cast,cast_back: ok" in result.stdout, result.stdout
     else:  # no GPU here: the ops cannot run on one
         assert result.returncode == 1 and "NOT covered: ['cast_back', 'per_token_cast']" in result.stdout
+
+
+def test_doctor_flags_a_driver_older_than_the_kernels(monkeypatch, capsys):
+    from tilebake import __main__ as cli
+
+    monkeypatch.setattr(cli, "_driver", lambda: ("535.104.05 (CUDA 12.2)", 12))
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "driver 535.104.05 (CUDA 12.2)" in out and "the driver supports CUDA 12; the kernels need 13" in out
+
+
+def test_list_into_a_closed_pipe_is_quiet(monkeypatch, tmp_path):
+    """`python -m tilebake list | head`: a reader that closed the pipe ends `list` with status 0 and
+    no traceback (the output is too small to fill a pipe, so the closed pipe is simulated)."""
+    from tilebake import __main__ as cli
+
+    class ClosedPipe:
+        def __init__(self):
+            self.file = open(tmp_path / "stdout", "w")  # the fd that is pointed at /dev/null
+
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            return self.file.fileno()
+
+        def flush(self):
+            pass
+
+    closed = ClosedPipe()
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert cli.main(["list"]) == 0
+    closed.file.close()

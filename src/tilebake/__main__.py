@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -55,14 +56,20 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _driver_version() -> str:
+def _driver() -> tuple[str, int | None]:
+    """(what to print: the driver release and the CUDA version it supports, that CUDA major or None)."""
+    try:
+        release = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module")[1].split()[0]
+    except (OSError, IndexError):
+        release = "release unknown"
     try:
         version = ctypes.c_int()
         if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
-            return f"{version.value // 1000}.{version.value % 1000 // 10}"
+            cuda = version.value
+            return f"{release} (CUDA {cuda // 1000}.{cuda % 1000 // 10})", cuda // 1000
     except OSError:
         pass
-    return "not found"
+    return "not found", None
 
 
 def _verify_artifacts(manifest: dict) -> list[str]:
@@ -88,27 +95,37 @@ def _smoke_run(device: int) -> list[str]:
 def cmd_doctor(args) -> int:
     required = [op for op in (args.require or "").split(",") if op]
     print(f"tilebake {tilebake.__version__} (runtime) at {Path(tilebake.__file__).parent}")
-    print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {_driver_version()}")
+    driver, driver_cuda_major = _driver()
+    print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {driver}")
     manifest, reason = _kernels_or_reason()
     if manifest is None:
         print(f"{loader.CUDA_KERNELS_PACKAGE}: {reason}")
         manifest = {"kernels": {}}
         problems = [] if not torch.cuda.is_available() else [f"no usable {loader.CUDA_KERNELS_PACKAGE}"]
+        for problem in problems:
+            print(f"  {problem}")
     else:
         print(f"{loader.CUDA_KERNELS_PACKAGE} {manifest['tilebake_version']} at {loader.kernel_dir().parent}")
         print(f"binaries: {', '.join(manifest['backends']['cuda']['archs'])}; tilelang {manifest['tilelang_version']}, "
               f"nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}")  # fmt: skip
         problems = []
+        # SASS cubins of CUDA 13.x need a driver of the CUDA 13 family or newer (README, driver versions).
+        built_major = int(manifest["nvcc_version"].split("release ")[1].split(".")[0])
+        if driver_cuda_major is not None and driver_cuda_major < built_major:
+            problems.append(f"the driver supports CUDA {driver_cuda_major}; the kernels need {built_major} (R580+)")
+            print(f"  {problems[-1]}")
         unknown = [op for op in required if op not in manifest["ops"]]
         if unknown:
             print(f"--require: unknown ops {unknown}; the installed kernels have {manifest['ops']}")
             return 2
     ops = _ops_by_arch(manifest)
-    problems += _verify_artifacts(manifest)
+    bad_artifacts = _verify_artifacts(manifest)
     count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
-    print(f"artifacts: {count} binaries, " + ("all match their sha256" if not problems else f"{len(problems)} bad:"))
-    for problem in problems:
+    verdict = f"{len(bad_artifacts)} bad:" if bad_artifacts else "all match their sha256"
+    print(f"artifacts: {count} binaries, {verdict}")
+    for problem in bad_artifacts:
         print(f"  {problem}")
+    problems += bad_artifacts
 
     uncovered = set(required)
     if not torch.cuda.is_available():
@@ -144,7 +161,11 @@ def main(argv=None) -> int:
     doctor.add_argument("--require", metavar="OPS", help="comma-separated ops that must run on every GPU here")
     doctor.set_defaults(fn=cmd_doctor)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except BrokenPipeError:  # `list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":
