@@ -1,6 +1,7 @@
 """The wheel-building configuration: .github/workflows pass actionlint (where it is installed),
 and [tool.cibuildwheel] builds what the README promises without a CUDA torch."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -89,3 +90,12 @@ def test_cibuildwheel_prints_the_two_identifiers():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["cp310-manylinux_x86_64", "cp310-manylinux_aarch64"]
+
+
+@pytest.mark.skipif(Path("/usr/local/Ascend").exists(), reason="a CANN toolkit is installed here")
+def test_ascend_job_fails_clearly_without_cann():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND")}
+    env["PATH"] = "/usr/bin:/bin"  # no ascendc or bisheng
+    result = subprocess.run(["bash", "build_tools/build_ascend.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "CANN toolchain not found" in result.stderr

@@ -98,6 +98,12 @@ def _same(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
         )
 
 
+def _same_quantized(got: tuple, want: tuple) -> None:
+    """A (data, scale factors) pair, bit-exact."""
+    _same("data", got[0], want[0])
+    _same("sf", got[1], want[1])
+
+
 def _close(what: str, got: torch.Tensor, want: torch.Tensor, rtol=None, atol=None) -> None:
     """torch.testing.assert_close (its dtype defaults when rtol/atol are None); NaN fails."""
     got, want = _cpu(got), _cpu(want)
@@ -120,8 +126,7 @@ def _per_token_cast(d):
     x = _randn(_gen(), T, H, spread=8).bfloat16()
     data, sf = tilebake.quant.per_token_cast(_on(x, d), "e4m3", 128)
     want = tilebake.torch.cast(x, "e4m3", (1, 128))
-    _same("data", data, want[0])
-    _same("sf", sf, want[1])
+    _same_quantized((data, sf), want)
 
 
 @smoke_case("cast_back")
@@ -153,8 +158,7 @@ def _per_block_cast(d):
     x = _randn(_gen(), T, H, spread=8).bfloat16()
     data, sf = tilebake.quant.per_block_cast(_on(x, d), "e4m3", (32, 128), round_sf=True)
     want = tilebake.torch.cast(x, "e4m3", (32, 128), round_sf=True)
-    _same("data", data, want[0])
-    _same("sf", sf, want[1])
+    _same_quantized((data, sf), want)
 
 
 @smoke_case("per_channel_cast")
@@ -162,8 +166,7 @@ def _per_channel_cast(d):
     x = _randn(_gen(), T, H, spread=4).bfloat16()
     data, sf = tilebake.quant.per_channel_cast(_on(x, d), "e4m3", 32)
     want = tilebake.torch.cast(x, "e4m3", (32, 1))
-    _same("data", data, want[0])
-    _same("sf", sf, want[1])
+    _same_quantized((data, sf), want)
 
 
 @smoke_case("per_block_cast_lossless")
@@ -173,8 +176,7 @@ def _per_block_cast_lossless(d):
     q = tilebake.torch.cast(x, "e2m1", (1, 32), round_sf=True, use_packed_ue8m0=True)
     data, sf = tilebake.quant.per_block_cast_lossless((_on(q[0], d), _on(q[1], d)), "e4m3", (1, 32), (128, 128))
     want = tilebake.torch.per_block_cast_lossless(q, "e4m3", (1, 32), (128, 128))
-    _same("data", data, want[0])
-    _same("sf", sf, want[1])
+    _same_quantized((data, sf), want)
 
 
 @smoke_case("batched_transpose_weight_sf")
@@ -216,8 +218,7 @@ def _norm_forward_and_per_token_cast(d):
     _close("rstd", rstd, want_rstd, rtol=2e-6, atol=1e-7)
     _same("norm_input", norm_input, want_input)
     want = tilebake.torch.cast(_cpu(y), "e4m3", (1, 128))  # the cast of the op's own normalised output
-    _same("data", data, want[0])
-    _same("sf", sf, want[1])
+    _same_quantized((data, sf), want)
 
 
 @smoke_case("norm_backward")
