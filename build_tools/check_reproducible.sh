@@ -5,8 +5,9 @@
 #
 #   bash build_tools/check_reproducible.sh [OPS]
 #
-# OPS (or $TILEBAKE_OPS): comma-separated ops for a quick partial build (e.g. cast,normalize_weight);
-# empty: every op (the CI check; two full builds). Run it in the build environment
+# OPS (or $TILEBAKE_OPS): comma-separated ops for a quick partial build (e.g.
+# per_block_cast_lossless: its cubins hold the _INTERNAL_ symbols whose hash a source path would
+# change); empty: every op (the CI check; two full builds). Run it in the build environment
 # (pip install -r build_tools/requirements-build.txt). The second build runs under another
 # umask and from a build dir at a path of another length, so permissions or build paths that
 # leak into the wheel show up here and not only on someone else's machine; the comparison also
