@@ -71,3 +71,13 @@ def test_list_into_a_closed_pipe_is_quiet(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "stdout", closed)
     assert cli.main(["list"]) == 0
     closed.file.close()
+
+
+def test_driver_release_is_read_from_both_kernel_module_flavours():
+    from tilebake.__main__ import driver_release
+
+    proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:31 UTC 2025\n"
+    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (builder)\n"
+    assert driver_release(proprietary) == "580.65.06"
+    assert driver_release(open_module) == "580.159.04"
+    assert driver_release("") is None

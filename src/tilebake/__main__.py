@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -56,11 +57,18 @@ def cmd_list(args) -> int:
     return 0
 
 
+def driver_release(proc_version: str) -> str | None:
+    """The release in /proc/driver/nvidia/version ("... Kernel Module  580.65.06  ...", or "... Open
+    Kernel Module for x86_64  580.159.04  ...")."""
+    match = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", proc_version)
+    return match.group(1) if match else None
+
+
 def _driver() -> tuple[str, int | None]:
     """(what to print: the driver release and the CUDA version it supports, that CUDA major or None)."""
     try:
-        release = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module")[1].split()[0]
-    except (OSError, IndexError):
+        release = driver_release(Path("/proc/driver/nvidia/version").read_text()) or "release unknown"
+    except OSError:
         release = "release unknown"
     try:
         version = ctypes.c_int()
@@ -121,8 +129,11 @@ def cmd_doctor(args) -> int:
     ops = _ops_by_arch(manifest)
     bad_artifacts = _verify_artifacts(manifest)
     count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
-    verdict = f"{len(bad_artifacts)} bad:" if bad_artifacts else "all match their sha256"
-    print(f"artifacts: {count} binaries, {verdict}")
+    if count:
+        verdict = f"{len(bad_artifacts)} bad:" if bad_artifacts else "all match their sha256"
+        print(f"artifacts: {count} binaries, {verdict}")
+    else:
+        print("artifacts: none")
     for problem in bad_artifacts:
         print(f"  {problem}")
     problems += bad_artifacts
