@@ -102,41 +102,41 @@ def _smoke_run(device: int) -> list[str]:
 
 def cmd_doctor(args) -> int:
     required = [op for op in (args.require or "").split(",") if op]
+    problems = []
+
+    def problem(text: str) -> None:  # printed where it is found; any makes the exit status 1
+        problems.append(text)
+        print(f"  {text}")
+
     print(f"tilebake {tilebake.__version__} (runtime) at {Path(tilebake.__file__).parent}")
     driver, driver_cuda_major = _driver()
     print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {driver}")
     manifest, reason = _kernels_or_reason()
     if manifest is None:
         print(f"{loader.CUDA_KERNELS_PACKAGE}: {reason}")
+        if torch.cuda.is_available():
+            problem(f"no usable {loader.CUDA_KERNELS_PACKAGE}")
+        print("artifacts: none")
         manifest = {"kernels": {}}
-        problems = [] if not torch.cuda.is_available() else [f"no usable {loader.CUDA_KERNELS_PACKAGE}"]
-        for problem in problems:
-            print(f"  {problem}")
     else:
         print(f"{loader.CUDA_KERNELS_PACKAGE} {manifest['tilebake_version']} at {loader.kernel_dir().parent}")
         print(f"binaries: {', '.join(manifest['backends']['cuda']['archs'])}; tilelang {manifest['tilelang_version']}, "
               f"nvcc {manifest['nvcc_version']}, commit {manifest['git_commit']}")  # fmt: skip
-        problems = []
         # SASS cubins of CUDA 13.x need a driver of the CUDA 13 family or newer (README, driver versions).
         built_major = int(manifest["nvcc_version"].split("release ")[1].split(".")[0])
         if driver_cuda_major is not None and driver_cuda_major < built_major:
-            problems.append(f"the driver supports CUDA {driver_cuda_major}; the kernels need {built_major} (R580+)")
-            print(f"  {problems[-1]}")
+            problem(f"the driver supports CUDA {driver_cuda_major}; the kernels need {built_major} (R580+)")
         unknown = [op for op in required if op not in manifest["ops"]]
         if unknown:
             print(f"--require: unknown ops {unknown}; the installed kernels have {manifest['ops']}")
             return 2
-    ops = _ops_by_arch(manifest)
-    bad_artifacts = _verify_artifacts(manifest)
-    count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
-    if count:
+        bad_artifacts = _verify_artifacts(manifest)
+        count = sum(len(per_arch) for per_arch in manifest["kernels"].values())
         verdict = f"{len(bad_artifacts)} bad:" if bad_artifacts else "all match their sha256"
         print(f"artifacts: {count} binaries, {verdict}")
-    else:
-        print("artifacts: none")
-    for problem in bad_artifacts:
-        print(f"  {problem}")
-    problems += bad_artifacts
+        for bad in bad_artifacts:
+            problem(bad)
+    ops = _ops_by_arch(manifest)
 
     uncovered = set(required)
     if not torch.cuda.is_available():

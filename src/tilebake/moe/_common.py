@@ -20,14 +20,19 @@ def _check_int(value, name: str, low: int) -> int:
     return value
 
 
+def _check_index_map(t, name: str, dim: int, dtype: torch.dtype, dims_text: str = "") -> None:
+    """A contiguous `dim`-D integer tensor of `dtype` (dims_text, e.g. "(num_tokens, num_topk) ", names the dims)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != dim:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a {dim}-D {dims_text}tensor, got {got}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
 def check_topk_idx(topk_idx) -> tuple[int, int]:
-    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
-        got = tuple(topk_idx.shape) if isinstance(topk_idx, torch.Tensor) else type(topk_idx).__name__
-        raise ValueError(f"topk_idx must be a 2-D (num_tokens, num_topk) tensor, got {got}")
-    if topk_idx.dtype != torch.int64:
-        raise TypeError(f"topk_idx must be torch.int64, got {topk_idx.dtype}")
-    if not topk_idx.is_contiguous():
-        raise ValueError(f"topk_idx must be contiguous, got strides {topk_idx.stride()}")
+    _check_index_map(topk_idx, "topk_idx", 2, torch.int64, "(num_tokens, num_topk) ")
     return topk_idx.shape[0], topk_idx.shape[1]
 
 
@@ -49,14 +54,8 @@ def check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment) ->
 
 def check_positions(token_topk_to_pos, pos_to_expert, num_tokens: int) -> tuple[int, int]:
     """(num_topk, num_expanded_tokens) of int32 maps as get_fused_mapping returns them."""
-    for t, name, dim in ((token_topk_to_pos, "token_topk_to_pos", 2), (pos_to_expert, "pos_to_expert", 1)):
-        if not isinstance(t, torch.Tensor) or t.dim() != dim:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a {dim}-D tensor, got {got}")
-        if t.dtype != torch.int32:
-            raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    _check_index_map(token_topk_to_pos, "token_topk_to_pos", 2, torch.int32)
+    _check_index_map(pos_to_expert, "pos_to_expert", 1, torch.int32)
     if token_topk_to_pos.shape[0] != num_tokens:
         raise ValueError(
             f"token_topk_to_pos must have one row per token of x ({num_tokens}), got shape "

@@ -13,8 +13,7 @@ import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-
-MAX_TOPK = 32
+from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,19 +44,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         a row of zeros finite, as in moe_topk_gate_forward); normalized = w / denominator.
         Bit-identical to tilebake.torch.normalize_weight, which CPU tensors run.
     """
-    if not isinstance(topk_weights, torch.Tensor):
-        raise TypeError(f"topk_weights must be a torch.Tensor, got {type(topk_weights).__name__}")
-    if topk_weights.dtype != torch.float32:
-        raise TypeError(f"topk_weights must be torch.float32, got {topk_weights.dtype}")
-    if topk_weights.dim() != 2:
-        raise ValueError(f"topk_weights must be 2-D (num_tokens, num_topk), got shape {tuple(topk_weights.shape)}")
-    num_tokens, num_topk = topk_weights.shape
-    if not 1 <= num_topk <= MAX_TOPK:
-        raise ValueError(f"topk_weights.shape[1] (num_topk) must be in [1, {MAX_TOPK}], got {num_topk}")
-    if topk_weights.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"topk_weights must be on a CUDA device or the CPU, got {topk_weights.device}")
-    if num_topk > 1 and topk_weights.stride(1) != 1:
-        raise ValueError(f"topk_weights must be contiguous in its last dim, got strides {topk_weights.stride()}")
+    num_tokens, num_topk = check_fp32_rows(topk_weights, "topk_weights", "num_topk", MAX_TOPK)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.normalize_weight(topk_weights)
     return _normalize_weight(topk_weights)

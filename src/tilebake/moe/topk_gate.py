@@ -33,22 +33,28 @@ class TopkGateVariant(Variant):
 _KERNELS = KernelTable(TopkGateVariant, ("S", "Out", "num_tokens", "num_experts", "num_topk", "scores_stride"))
 
 
+def check_fp32_rows(t, name: str, columns: str, max_columns: int) -> tuple[int, int]:
+    """fp32 (num_tokens, <columns>) on a CUDA device or the CPU, last dim contiguous, with
+    1 <= shape[1] <= max_columns."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be torch.float32, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (num_tokens, {columns}), got shape {tuple(t.shape)}")
+    num_tokens, num_columns = t.shape
+    if not 1 <= num_columns <= max_columns:
+        raise ValueError(f"{name}.shape[1] ({columns}) must be in [1, {max_columns}], got {num_columns}")
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if num_columns > 1 and t.stride(1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    return num_tokens, num_columns
+
+
 def check_scores(scores, name: str = "scores") -> tuple[int, int]:
     """fp32 (T, E) on a CUDA device or the CPU, last dim contiguous; 1 <= E <= max(MAX_EXPERTS)."""
-    if not isinstance(scores, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(scores).__name__}")
-    if scores.dtype != torch.float32:
-        raise TypeError(f"{name} must be torch.float32, got {scores.dtype}")
-    if scores.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (num_tokens, num_experts), got shape {tuple(scores.shape)}")
-    num_tokens, num_experts = scores.shape
-    if not 1 <= num_experts <= MAX_EXPERTS[-1]:
-        raise ValueError(f"{name}.shape[1] (num_experts) must be in [1, {MAX_EXPERTS[-1]}], got {num_experts}")
-    if scores.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {scores.device}")
-    if num_experts > 1 and scores.stride(1) != 1:
-        raise ValueError(f"{name} must be contiguous in its last dim, got strides {scores.stride()}")
-    return num_tokens, num_experts
+    return check_fp32_rows(scores, name, "num_experts", MAX_EXPERTS[-1])
 
 
 def experts_bucket(num_experts: int) -> int:
