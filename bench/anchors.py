@@ -1,0 +1,156 @@
+"""tilebake against TileKernels 2.1.0 on the same GPU: every case the original was timed in (GPU only).
+
+    python bench/anchors.py [--name anchors]
+
+The original's figures (its own harness, H200, 2026-12-01: ../shared/anchors/) are the
+constants in ORIGINAL below; this run times tilebake at the same inputs (T = 16384, H = 7168
+unless named) with bench/harness.py (CUDA events, rotated buffers), its host time at T = 1
+beside torch.mul(out=), and the same run's device copy bandwidth. A case whose GPU time is above
+the original's is marked SLOWER and makes the run exit 1. Writes bench/results/<date>-<gpu>/<name>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import tilebake  # noqa: E402
+
+T, H = 16384, 7168
+quant, moe = tilebake.quant, tilebake.moe
+
+# case -> (original GPU us, original host us at T = 1), from the anchor table.
+ORIGINAL = {
+    "per_token_cast e4m3 1x128 fp32sf": (86.9, 22.4),
+    "per_token_cast e4m3 1x128 ue8m0 colmajor": (86.2, 47.4),
+    "per_token_cast e2m1 1x16 e4m3sf": (374.4, 37.1),
+    "per_token_cast fp32 in e4m3 1x128": (137.9, 39.3),
+    "cast_back e4m3 1x128 -> bf16": (92.6, 21.7),
+    "per_token_cast_and_cast_back e4m3 128": (229.2, 33.2),
+    "swiglu_forward_and_per_token_cast e4m3 128": (172.1, 35.9),
+    "norm_forward bf16 w": (117.6, 59.6),
+    "norm_forward_and_per_token_cast e4m3 32": (128.4, 78.1),
+    "topk_gate 256 top8": (30.5, 14.5),
+    "moe_topk_gate_forward sqrtsoftplus 256 top8 bias": (38.0, 21.7),
+    "apply_rotary bf16 32q+8k rot128": (180.9, 98.0),
+}
+
+
+def bf16(*shape):
+    return torch.randn(*shape, device="cuda").to(torch.bfloat16)
+
+
+def weight():
+    return (torch.rand(H, device="cuda") + 0.5).to(torch.bfloat16)
+
+
+def rotary_inputs(t):
+    angles = torch.rand(32768, 64, device="cuda") * 6.2831855
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    return bf16(t, 32, 128), bf16(t, 8, 128), cache, torch.randint(0, 32768, (t,), device="cuda")
+
+
+# case -> (make(t) -> args, fn(*args)); t is the token count.
+CASES = {
+    "per_token_cast e4m3 1x128 fp32sf": (lambda t: (bf16(t, H),), lambda x: quant.per_token_cast(x, "e4m3", 128)),
+    "per_token_cast e4m3 1x128 ue8m0 colmajor": (
+        lambda t: (bf16(t, H),),
+        lambda x: quant.per_token_cast(
+            x, "e4m3", 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True
+        ),
+    ),
+    "per_token_cast e2m1 1x16 e4m3sf": (
+        lambda t: (bf16(t, H),),
+        lambda x: quant.per_token_cast(x, "e2m1", 16, use_e4m3_sf=True),
+    ),
+    "per_token_cast fp32 in e4m3 1x128": (
+        lambda t: (torch.randn(t, H, device="cuda"),),
+        lambda x: quant.per_token_cast(x, "e4m3", 128),
+    ),
+    "cast_back e4m3 1x128 -> bf16": (
+        lambda t: (quant.per_token_cast(bf16(t, H), "e4m3", 128),),
+        lambda q: quant.cast_back(q, "bf16", (1, 128)),
+    ),
+    "per_token_cast_and_cast_back e4m3 128": (
+        lambda t: (bf16(t, H),),
+        lambda x: quant.per_token_cast_and_cast_back(x, "e4m3", 128),
+    ),
+    "swiglu_forward_and_per_token_cast e4m3 128": (
+        lambda t: (bf16(t, 2 * H),),
+        lambda x: quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128),
+    ),
+    "norm_forward bf16 w": (lambda t: (bf16(t, H), weight()), lambda x, w: quant.norm_forward(x, w, 1e-6)),
+    "norm_forward_and_per_token_cast e4m3 32": (
+        lambda t: (bf16(t, H), weight()),
+        lambda x, w: quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32),
+    ),
+    "topk_gate 256 top8": (lambda t: (torch.randn(t, 256, device="cuda"),), lambda s: moe.topk_gate(s, 8)),
+    "moe_topk_gate_forward sqrtsoftplus 256 top8 bias": (
+        lambda t: (torch.randn(t, 256, device="cuda"), torch.randn(256, device="cuda") * 0.1),
+        lambda x, b: moe.moe_topk_gate_forward(x, 8, False, 0, 2.5, 0, bias=b),
+    ),
+    "apply_rotary bf16 32q+8k rot128": (
+        rotary_inputs,
+        lambda q, k, cache, positions: tilebake.transform.apply_rotary(q, cache, k, positions),
+    ),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="anchors", help="result file stem (default: anchors)")
+    args = parser.parse_args()
+    env = harness.environment()
+    copy_gbs = harness.copy_bandwidth_gbs()
+    x1 = bf16(1, H)
+    y1 = torch.empty_like(x1)
+    mul_us = harness.host_us_per_call(lambda: torch.mul(x1, 2, out=y1), ())
+    rows = []
+    for name, (make, fn) in CASES.items():
+        one = make(T)
+        nbytes = sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(one))
+        inputs = [one] + [make(T) for _ in range(harness.rotation_count(nbytes) - 1)]
+        ours = harness.time_gpu(fn, inputs)["median_us"]
+        host = harness.host_us_per_call(fn, make(1))
+        original_us, original_host = ORIGINAL[name]
+        rows.append({"case": name, "original_us": original_us, "tilebake_us": ours,
+                     "speed_vs_original": original_us / ours, "original_host_us": original_host,
+                     "tilebake_host_us": host})  # fmt: skip
+        print(f"{name:50s} original {original_us:7.1f} us  tilebake {ours:7.1f} us  {original_us / ours:5.2f}x  "
+              f"host {host:5.1f} us", flush=True)  # fmt: skip
+        del inputs, one
+        torch.cuda.empty_cache()
+    out = harness.results_dir()
+    harness.write_json(out / f"{args.name}.json",
+                       {"environment": env, "command": " ".join(sys.argv), "copy_gbs": copy_gbs,
+                        "torch_mul_out_host_us": mul_us, "rows": rows})  # fmt: skip
+    lines = [
+        f"# tilebake against TileKernels 2.1.0: {env['gpu']}, {env['date']}, torch {env['torch']}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`. Same run: device copy {copy_gbs:.0f} GB/s, "
+        f"`torch.mul(x, 2, out=y)` host time {mul_us:.2f} us. T = {T}, H = {H} unless named; GPU time: median of "
+        "CUDA-event-timed calls over rotated buffers; host time: one call at T = 1. The original's figures: its "
+        "own harness on the H200, 2026-12-01 (../shared/anchors/tilekernels-2.1.0_h200.md).",
+        "",
+        "| case | original us | tilebake us | speed vs original | original host us | tilebake host us |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mark = "" if r["speed_vs_original"] >= 1.0 else " SLOWER"
+        lines.append(f"| {r['case']} | {r['original_us']:.1f} | {r['tilebake_us']:.1f} | "
+                     f"{r['speed_vs_original']:.2f}x{mark} | {r['original_host_us']:.1f} | {r['tilebake_host_us']:.1f} |")  # fmt: skip
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    slower = [r["case"] for r in rows if r["speed_vs_original"] < 1.0]
+    if slower:
+        sys.exit(f"slower than the original: {slower}")
+
+
+if __name__ == "__main__":
+    main()
