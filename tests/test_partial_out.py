@@ -117,6 +117,17 @@ def test_cpu_norm_forward_and_per_token_cast_forms(layout, batch):
     norm_forms(x, layout, npc=128, residual=make_x(37, 256, batch=batch))
 
 
+@pytest.mark.parametrize("layout", SF_LAYOUTS, ids=SF_IDS)
+@pytest.mark.parametrize("num_tokens", [0, 1])
+def test_cpu_empty_and_single_token_forms(num_tokens, layout):
+    x = make_x(num_tokens, 256)
+    per_token_forms(x, layout)
+    per_token_forms(x, layout, fmt="e2m1")
+    per_block_forms(x, layout)
+    norm_forms(x, layout)
+    norm_forms(make_x(num_tokens, 256, batch=2), layout)
+
+
 def test_cpu_col_major_sf_is_what_the_original_callers_get():
     """out=(y, None) with use_tma_aligned_col_major_sf: y itself and a freshly allocated
     TMA-aligned column-major SF (the token dim padded to 4 scales)."""
@@ -224,7 +235,7 @@ def test_cpu_compiled_partial_out():
 
 # --- GPU: the kernels write the given parts, byte for byte as the allocating call ---
 
-GPU_SHAPES = [(1, 128), (129, 7168), (8001, 384)]
+GPU_SHAPES = [(0, 256), (1, 128), (129, 7168), (8001, 384)]
 
 
 @pytest.mark.gpu
@@ -250,7 +261,7 @@ def test_gpu_per_block_cast_forms(num_tokens, hidden, layout):
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", SF_LAYOUTS, ids=SF_IDS)
 @pytest.mark.parametrize(
-    "batch,num_tokens,hidden", [(None, 1, 128), (None, 8001, 384), (None, 129, 7168), (3, 37, 256)]
+    "batch,num_tokens,hidden", [(None, 0, 256), (None, 1, 128), (None, 8001, 384), (None, 129, 7168), (3, 37, 256)]
 )
 def test_gpu_norm_forward_and_per_token_cast_forms(batch, num_tokens, hidden, layout):
     x = make_x(num_tokens, hidden, device="cuda", batch=batch)

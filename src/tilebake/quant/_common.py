@@ -118,6 +118,8 @@ def check_no_overlap(t: torch.Tensor, name: str) -> None:
 
 def _check_no_overlap(shape: tuple, strides: tuple, name: str) -> None:
     """Dim by dim from the smallest stride: each must step past all that the smaller ones span."""
+    if 0 in shape:  # no elements
+        return
     if len(shape) == 2:  # the usual case, without the general loop's cost on the hot path
         (rows, cols), (row_stride, col_stride) = shape, strides
         if rows <= 1 or cols <= 1:
@@ -148,7 +150,7 @@ def check_out_sf_layout(sf, name: str, shape: tuple, dtype: torch.dtype, like: t
         _explain_tensor(sf, name, shape, dtype, like)
     strides = sf.stride()
     _check_no_overlap(shape, strides, name)
-    if not col_major:
+    if not col_major or 0 in shape:  # an empty SF has no layout to keep
         return
     rows, cols = shape[-2:]
     if (rows > 1 and strides[-2] != 1) or (cols > 1 and (strides[-1] * sf.element_size()) % 16):
