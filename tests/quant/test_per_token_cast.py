@@ -474,7 +474,11 @@ BAD_SF_ONLY = [
     (dict(x=_Q), TypeError, "no QuantTensor input"),
     (dict(x=torch.zeros(4, 200, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
     (dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")), ValueError, "CUDA device or the CPU"),
-    (dict(out_sf=torch.empty(4, 1), use_tma_aligned_col_major_sf=True), ValueError, "not supported"),
+    (
+        dict(num_per_channels=32, out_sf=torch.empty(4, 4), use_tma_aligned_col_major_sf=True),
+        ValueError,
+        "out_sf must be TMA-aligned column-major",
+    ),
     (dict(out_sf=torch.empty(4, 1, dtype=torch.int32)), TypeError, "out_sf must be torch.float32"),
     (dict(out_sf=torch.empty(4, 1), round_sf=True, use_packed_ue8m0=True), TypeError, "out_sf must be torch.int32"),
 ]

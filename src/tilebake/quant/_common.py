@@ -5,6 +5,8 @@ assumption a kernel was compiled with (the `T.assume`s in kernels_tl/quant/)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from tilebake.utils import align, ceil_div
@@ -76,12 +78,89 @@ def check_aligned(pointer: int, name: str, alignment: int = 16) -> None:
 
 
 def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, like: torch.Tensor) -> None:
-    """A preallocated output: `shape` and `dtype`, on `like`'s device, rows as check_rows wants."""
+    """A preallocated output: `shape` and `dtype`, on `like`'s device, rows as check_rows wants
+    and apart (a row stride below the row length would make rows overlap)."""
     if not (
         isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.get_device() == like.get_device()
     ):
         _explain_tensor(t, name, shape, dtype, like)
     check_rows(t, name, hidden_multiple=1)
+    if shape[0] > 1 and t.stride(0) < shape[1]:
+        check_no_overlap(t, name)
+
+
+def split_out(out, name: str = "out") -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """A cast op's `out=`: None, or a (data, sf) pair whose parts may each be None; the op then
+    allocates those parts (as the original does: its own callers pass (data, None) when the SF
+    is column-major). Returns (data or None, sf or None)."""
+    if out is None:
+        return None, None
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        return out[0], out[1]
+    raise TypeError(
+        f"{name} must be a (data, sf) pair (either part may be None, then allocated) or None, got {type(out).__name__}"
+    )
+
+
+def fill_out(result: QuantTensor, data: Optional[torch.Tensor], sf: Optional[torch.Tensor]) -> QuantTensor:
+    """A computed (data, sf) copied into the given parts of out=; the missing parts as computed."""
+    return (
+        result[0] if data is None else data.copy_(result[0]),
+        result[1] if sf is None else sf.copy_(result[1]),
+    )
+
+
+def check_no_overlap(t: torch.Tensor, name: str) -> None:
+    """Kernels write every element of an output at its own address: no two may share one (as in
+    a broadcast or expanded view, or rows closer than their length)."""
+    _check_no_overlap(tuple(t.shape), t.stride(), name)
+
+
+def _check_no_overlap(shape: tuple, strides: tuple, name: str) -> None:
+    """Dim by dim from the smallest stride: each must step past all that the smaller ones span."""
+    if 0 in shape:  # no elements
+        return
+    if len(shape) == 2:  # the usual case, without the general loop's cost on the hot path
+        (rows, cols), (row_stride, col_stride) = shape, strides
+        if rows <= 1 or cols <= 1:
+            if (rows <= 1 or row_stride > 0) and (cols <= 1 or col_stride > 0):
+                return
+        elif (0 < col_stride and (cols - 1) * col_stride < row_stride) or (
+            0 < row_stride and (rows - 1) * row_stride < col_stride
+        ):
+            return
+    span = 0
+    for stride, size in sorted((st, sz) for st, sz in zip(strides, shape) if sz > 1):
+        if stride <= span:
+            raise ValueError(
+                f"{name} must not overlap itself (each element its own address), "
+                f"got shape {tuple(shape)} and strides {tuple(strides)}"
+            )
+        span += (size - 1) * stride
+
+
+def check_out_sf_layout(sf, name: str, shape: tuple, dtype: torch.dtype, like: torch.Tensor, col_major: bool) -> None:
+    """A preallocated SF output of `shape` and `dtype` on `like`'s device. The kernels write SF
+    at any strides, so without `col_major` any non-overlapping layout is taken. With
+    use_tma_aligned_col_major_sf=True (`col_major`) it must be the layout that flag returns,
+    which TMA reads: the last two dims column-major (stride(-2) == 1) with columns 16 bytes
+    apart, starting at a 16-byte aligned address (e.g. a (cols, padded) buffer's transposed
+    view, as alloc_sf makes)."""
+    if not (isinstance(sf, torch.Tensor) and sf.dtype == dtype and sf.shape == shape and sf.device == like.device):
+        _explain_tensor(sf, name, shape, dtype, like)
+    strides = sf.stride()
+    _check_no_overlap(shape, strides, name)
+    if not col_major or 0 in shape:  # an empty SF has no layout to keep
+        return
+    rows, cols = shape[-2:]
+    if (rows > 1 and strides[-2] != 1) or (cols > 1 and (strides[-1] * sf.element_size()) % 16):
+        raise ValueError(
+            f"{name} must be TMA-aligned column-major with use_tma_aligned_col_major_sf=True: stride(-2) == 1 "
+            f"and stride(-1) a multiple of 16 bytes (pass None to have it allocated), got strides {strides} "
+            f"of {sf.element_size()}-byte elements"
+        )
+    if not torch.compiler.is_compiling():  # fake tensors have no address
+        check_aligned(sf.data_ptr(), name)
 
 
 def _explain_tensor(t, name: str, shape, dtype: torch.dtype, like: torch.Tensor) -> None:

@@ -23,8 +23,11 @@ from tilebake.quant._common import (
     alloc_sf,
     check_aligned,
     check_fmt,
+    check_no_overlap,
+    check_out_sf_layout,
     check_sf_options,
     sf_layout,
+    split_out,
 )
 from tilebake.utils import align
 
@@ -108,6 +111,12 @@ def check_like(t, name: str, x: torch.Tensor, dtype: torch.dtype | None = None) 
     check_rows_like(t, name, t.shape[-1])
 
 
+def check_out_like(t, name: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """A preallocated output like x (check_like) that the kernels can write: no self-overlap."""
+    check_like(t, name, x, dtype)
+    check_no_overlap(t, name)
+
+
 def check_weight(weight, x: torch.Tensor, name: str = "weight") -> None:
     if weight is None:
         return
@@ -183,7 +192,7 @@ def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hid
     if residual is not None:
         check_like(residual, "residual", x)
         if residual_out is not None:
-            check_like(residual_out, "residual_out", x)
+            check_out_like(residual_out, "residual_out", x)
     return eps, out_scale
 
 
@@ -245,7 +254,7 @@ def norm_forward(
     """
     eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
     if out is not None:
-        check_like(out, "out", x)
+        check_out_like(out, "out", x)
     if torch.compiler.is_compiling():
         y, rstd, norm_input = torch.ops.tilebake.norm_forward(x, weight, eps, residual, out_scale, with_rstd)
         return (
@@ -289,17 +298,15 @@ def _alloc_sf_rows(x: torch.Tensor, num_groups: int, packed: bool, col_major: bo
     return x.new_empty((batch, num_tokens, cols), dtype=dtype)
 
 
-def _check_out_sf_rows(sf, x: torch.Tensor, num_groups: int, packed: bool) -> None:
-    dtype, cols = sf_layout(num_groups, packed)
-    shape = (*x.shape[:-1], cols)
-    if not isinstance(sf, torch.Tensor):
-        raise TypeError(f"out[1] must be a torch.Tensor, got {type(sf).__name__}")
-    if sf.dtype != dtype:
-        raise TypeError(f"out[1] must be {dtype}, got {sf.dtype}")
-    if sf.shape != shape:
-        raise ValueError(f"out[1] must have shape {shape}, got {tuple(sf.shape)}")
-    if sf.device != x.device:
-        raise ValueError(f"out[1] must be on {x.device} (as x), got {sf.device}")
+def _check_out(out, x: torch.Tensor, num_groups: int, packed: bool, col_major: bool):
+    """out=: None or (data, sf), either part None (then allocated); the given parts checked."""
+    data, sf = split_out(out)
+    if data is not None:
+        check_out_like(data, "out[0]", x, torch.float8_e4m3fn)
+    if sf is not None:
+        dtype, cols = sf_layout(num_groups, packed)
+        check_out_sf_layout(sf, "out[1]", (*x.shape[:-1], cols), dtype, x, col_major)
+    return data, sf
 
 
 def _sf_strides3(sf: torch.Tensor, packed: bool) -> tuple[int, int, int]:
@@ -386,7 +393,10 @@ def norm_forward_and_per_token_cast(
         use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0: SF layout, as per_token_cast
             (for a 3-D x, per batch matrix).
         with_out_bf16: also return the normalised output as bf16.
-        out: optional preallocated (data e4m3 like x, sf of shape x.shape[:-1] + (cols,), any strides).
+        out: optional preallocated (data e4m3 like x, sf of shape x.shape[:-1] + (cols,)); either
+            part may be None (then allocated). sf at any strides, or with
+            use_tma_aligned_col_major_sf the column-major layout it returns (per batch matrix).
+            The given tensors are returned themselves.
         out_bf16: optional bf16 buffer like x for the normalised output (needs with_out_bf16).
         mega_moe_sf: optional int32 (num_tokens, hidden // 128) M-major view (stride(0) == 1) of
             a mega MoE kernel's shared activation SF buffer, which also receives the UE8M0 SF
@@ -413,27 +423,24 @@ def norm_forward_and_per_token_cast(
     if out_bf16 is not None and not with_out_bf16:
         raise ValueError("out_bf16 is given but with_out_bf16=False; pass with_out_bf16=True to fill it")
     if out_bf16 is not None:
-        check_like(out_bf16, "out_bf16", x, torch.bfloat16)
+        check_out_like(out_bf16, "out_bf16", x, torch.bfloat16)
     num_groups = hidden // num_per_channels
     mega_rows = _check_mega_moe_sf(mega_moe_sf, mega_moe_block_m, x, num_per_channels, round_sf)
-    if out is not None:
-        check_like(out[0], "out[0]", x, torch.float8_e4m3fn)
-        _check_out_sf_rows(out[1], x, num_groups, use_packed_ue8m0)
+    data, sf = _check_out(out, x, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     if torch.compiler.is_compiling():
         new_data, new_sf, y_bf16, rstd, norm_input = torch.ops.tilebake.norm_forward_and_per_token_cast(
             x, weight, eps, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf,
             use_packed_ue8m0, with_out_bf16, with_rstd, mega_moe_sf, mega_moe_block_m,
         )  # fmt: skip
         return (
-            (_into(None if out is None else out[0], new_data), _into(None if out is None else out[1], new_sf)),
+            (_into(data, new_data), _into(sf, new_sf)),
             _into(out_bf16, y_bf16) if with_out_bf16 else None,
             rstd if with_rstd else None,
             x if residual is None else _into(residual_out, norm_input),
         )
-    if out is not None:
-        data, sf = out
-    else:
+    if data is None:
         data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+    if sf is None:
         sf = _alloc_sf_rows(x, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     if with_out_bf16 and out_bf16 is None:
         out_bf16 = x.new_empty(x.shape, dtype=torch.bfloat16)

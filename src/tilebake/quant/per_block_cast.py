@@ -24,8 +24,12 @@ from tilebake.quant._common import (
     check_fmt,
     check_out_data,
     check_out_sf,
+    check_out_sf_layout,
     check_rows,
     check_sf_options,
+    fill_out,
+    sf_layout,
+    split_out,
 )
 from tilebake.utils import ceil_div
 
@@ -115,6 +119,11 @@ def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> None:
     )  # fmt: skip
 
 
+def _check_out_sf(sf, name: str, num_row_blocks: int, num_groups: int, packed: bool, like, col_major: bool) -> None:
+    dtype, cols = sf_layout(num_groups, packed)
+    check_out_sf_layout(sf, name, (num_row_blocks, cols), dtype, like, col_major)
+
+
 def _reference(x, fmt, bm, bk, col, round_sf, packed):
     from tilebake.torch import cast
 
@@ -163,7 +172,10 @@ def per_block_cast(
         round_sf: round each scale up to a power of two.
         use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 along K (needs round_sf),
             shape (ceil(T/bm), ceil(ceil(H/bk)/4)).
-        out: optional preallocated (data, sf) with the returned layout.
+        out: optional preallocated (data, sf) with the returned dtypes and shapes; either part
+            may be None (then allocated). data's rows as x's; sf at any strides, or with
+            use_tma_aligned_col_major_sf the column-major layout it returns. The given tensors
+            are returned themselves.
 
     Returns:
         (data, sf) with x ~= data * sf per block. CPU tensors take the reference path.
@@ -172,30 +184,20 @@ def per_block_cast(
     _, _, bm, bk = key
     shape, dtype = _data_shape(fmt, num_tokens, hidden)
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
-    if out is not None:
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError(f"out must be a (data, sf) pair of tensors, got {type(out).__name__}")
-        check_out_data(out[0], "out[0]", shape, dtype, x)
-        check_out_sf(out[1], "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x)
+    col = use_tma_aligned_col_major_sf
+    data, sf = split_out(out)
+    if data is not None:
+        check_out_data(data, "out[0]", shape, dtype, x)
+    if sf is not None:
+        _check_out_sf(sf, "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x, col)
     if torch.compiler.is_compiling():
-        if out is None:
-            return torch.ops.tilebake.per_block_cast(
-                x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
-            )
-        torch.ops.tilebake.per_block_cast_out(x, fmt, bm, bk, round_sf, use_packed_ue8m0, out[0], out[1])
-        return out
+        return _compiled_path(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0, data, sf)
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
-        result = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-        if out is None:
-            return result
-        out[0].copy_(result[0])
-        out[1].copy_(result[1])
-        return out
-    if out is None:
+        return fill_out(_reference(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0), data, sf)
+    if data is None:
         data = x.new_empty(shape, dtype=dtype)
-        sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
-    else:
-        data, sf = out
+    if sf is None:
+        sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, col)
     _launch(key, _MODE_CAST, x, data, sf, fmt, round_sf, use_packed_ue8m0)
     return data, sf
 
@@ -214,7 +216,7 @@ def per_block_cast_with_sf_only(
     _, _, bm, bk = key
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     if out_sf is not None:
-        check_out_sf(out_sf, "out_sf", num_row_blocks, num_groups, use_packed_ue8m0, x)
+        _check_out_sf(out_sf, "out_sf", num_row_blocks, num_groups, use_packed_ue8m0, x, use_tma_aligned_col_major_sf)
     if not x.is_cuda:
         sf = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
         return sf if out_sf is None else out_sf.copy_(sf)
@@ -292,6 +294,21 @@ def _meta(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
 
 def _meta_out(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
     return None
+
+
+def _compiled_path(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0, data, sf):
+    """Traced: the functional op, or with any part of out= given, the missing part allocated (as
+    eager mode lays it out) and both written by the mutating op."""
+    if data is None and sf is None:
+        return torch.ops.tilebake.per_block_cast(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0)
+    num_tokens, hidden = x.shape
+    if data is None:
+        shape, dtype = _data_shape(fmt, num_tokens, hidden)
+        data = x.new_empty(shape, dtype=dtype)
+    if sf is None:
+        sf = alloc_sf(x, ceil_div(num_tokens, bm), ceil_div(hidden, bk), packed_ue8m0, col_major_sf)
+    torch.ops.tilebake.per_block_cast_out(x, fmt, bm, bk, round_sf, packed_ue8m0, data, sf)
+    return data, sf
 
 
 for _key in ("CPU", "CUDA"):

@@ -24,14 +24,17 @@ from tilebake.quant._common import (
     alloc_sf,
     check_aligned,
     check_fmt,
+    check_no_overlap,
     check_num_per_channels,
     check_out_data,
-    check_out_sf,
+    check_out_sf_layout,
     check_packed_rows,
     check_rows,
     check_sf_options,
+    fill_out,
     sf_layout,
     sf_strides_for_kernel,
+    split_out,
 )
 from tilebake.utils import align, ceil_div
 
@@ -93,10 +96,15 @@ def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> Optional[tu
     return key
 
 
-def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0) -> None:
-    data, sf = out
-    check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
-    check_out_sf(sf, "out[1]", num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
+def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0, col_major):
+    """The hot path's out= parts (either may be None), checked."""
+    data, sf = split_out(out)
+    if data is not None:
+        check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
+    if sf is not None:
+        dtype, cols = sf_layout(ceil_div(hidden, num_per_channels), use_packed_ue8m0)
+        check_out_sf_layout(sf, "out[1]", (num_tokens, cols), dtype, x, col_major)
+    return data, sf
 
 
 _KERNELS = KernelTable(
@@ -144,7 +152,10 @@ def per_token_cast(
             indices row * H + col (2p, 2p + 1) and p, so equal inputs give equal outputs (no RNG
             state); the rounding probability is resolved to 2^-16. Reference:
             tilebake.torch.cast(..., stochastic_rounding=True).
-        out: optional preallocated (data, sf) with the returned layout.
+        out: optional preallocated (data, sf) with the returned dtypes and shapes; either part
+            may be None (then allocated). data's rows as x's; sf at any strides, or with
+            use_tma_aligned_col_major_sf the column-major layout it returns. The given tensors
+            are returned themselves.
 
     Returns:
         (data, sf) so that x ~= data * sf per block. CPU tensors take the pure-torch
@@ -162,8 +173,12 @@ def per_token_cast(
             use_e4m3_sf, stochastic_cast, out,
         )  # fmt: skip
     num_tokens, hidden = check_rows(x, "x", hidden_multiple=16)
+    data = sf = None
+    if out is not None:
+        col = use_tma_aligned_col_major_sf
+        data, sf = _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0, col)
     if torch.compiler.is_compiling():
-        return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out)
+        return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, data, sf)
 
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         from tilebake.torch import cast
@@ -177,20 +192,13 @@ def per_token_cast(
             use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
             amax_clamp=config.get_amax_clamp_for_quant("e4m3", False),
         )
-        if out is None:
-            return result
-        _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0)
-        out[0].copy_(result[0])
-        out[1].copy_(result[1])
-        return out
+        return fill_out(result, data, sf)
 
-    # Allocate, then launch.
-    if out is None:
+    # Allocate what out= does not give, then launch.
+    if data is None:
         data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    if sf is None:
         sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), use_packed_ue8m0, use_tma_aligned_col_major_sf)
-    else:
-        _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0)
-        data, sf = out
     if num_tokens == 0:
         return data, sf
     x_ptr, data_ptr = x.data_ptr(), data.data_ptr()
@@ -261,6 +269,11 @@ def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int,
         _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
 
 
+def _check_out_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int, like, col_major: bool) -> None:
+    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode)
+    check_out_sf_layout(sf, name, (num_tokens, cols), dtype, like, col_major)
+
+
 def _sf_strides(sf: torch.Tensor, sf_mode: int) -> tuple[int, int]:
     """Kernels address fp32 SF in elements, packed UE8M0 and e4m3 SF in bytes."""
     return sf_strides_for_kernel(sf, sf_mode == SF_UE8M0)
@@ -274,6 +287,7 @@ def _check_data_out(t, name: str, num_tokens: int, hidden: int, fmt: str, like) 
         if not (isinstance(t, torch.Tensor) and t.dtype == torch.int8 and t.shape == shape and t.device == like.device):
             _explain_tensor(t, name, shape, torch.int8, like)
         check_packed_rows(t, name)
+        check_no_overlap(t, name)
 
 
 def _alloc_data(like, num_tokens: int, hidden: int, fmt: str) -> torch.Tensor:
@@ -359,11 +373,11 @@ def _general(
     num_groups = ceil_div(hidden, num_per_channels)
     sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
     clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
-    if out is not None:
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TypeError(f"out must be a (data, sf) pair of tensors, got {type(out).__name__}")
-        _check_data_out(out[0], "out[0]", num_tokens, hidden, fmt, data_in)
-        _check_any_sf(out[1], "out[1]", num_tokens, num_groups, sf_mode, data_in)
+    data, sf = split_out(out)
+    if data is not None:
+        _check_data_out(data, "out[0]", num_tokens, hidden, fmt, data_in)
+    if sf is not None:
+        _check_out_sf(sf, "out[1]", num_tokens, num_groups, sf_mode, data_in, col_major)
 
     if not data_in.is_cuda:  # the slow path: the reference builds the same layouts itself
         from tilebake.torch import cast
@@ -373,17 +387,12 @@ def _general(
             use_tma_aligned_col_major_sf=col_major, use_e4m3_sf=use_e4m3_sf, amax_clamp=clamp,
             stochastic_rounding=stochastic_cast,
         )  # fmt: skip
-        if out is None:
-            return result
-        out[0].copy_(result[0])
-        out[1].copy_(result[1])
-        return out
+        return fill_out(result, data, sf)
 
-    if out is None:
+    if data is None:
         data = _alloc_data(data_in, num_tokens, hidden, fmt)
+    if sf is None:
         sf = _alloc_any_sf(data_in, num_tokens, num_groups, sf_mode, col_major)
-    else:
-        data, sf = out
     if num_tokens:
         _launch(
             data_in, in_dtype, x_sf, block, fmt, num_per_channels, data, sf, sf_mode, clamp, 1, hidden,
@@ -456,13 +465,8 @@ def per_token_cast_with_sf_only(
     data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_sf_only")
     num_groups = ceil_div(hidden, num_per_channels)
     sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if out_sf is not None:
-        if use_tma_aligned_col_major_sf:
-            raise ValueError(
-                "out_sf with use_tma_aligned_col_major_sf=True is not supported (as in the original); "
-                "pass out_sf=None to get a column-major SF"
-            )
-        _check_any_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in)
+    if out_sf is not None:  # the original takes none with use_tma_aligned_col_major_sf; here its layout
+        _check_out_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in, use_tma_aligned_col_major_sf)
     clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
     if not data_in.is_cuda:
         from tilebake.torch import cast
@@ -579,8 +583,15 @@ _lib.impl("per_token_cast", _meta, "Meta")
 _lib.impl("per_token_cast_out", _meta_out, "Meta")
 
 
-def _compiled_path(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0, out):
-    if out is None:
+def _compiled_path(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0, data, sf):
+    """Traced: the functional op, or with any part of out= given, the missing part allocated (as
+    eager mode lays it out) and both written by the mutating op."""
+    if data is None and sf is None:
         return torch.ops.tilebake.per_token_cast(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0)
-    torch.ops.tilebake.per_token_cast_out(x, num_per_channels, round_sf, packed_ue8m0, out[0], out[1])
-    return out
+    num_tokens, hidden = x.shape
+    if data is None:
+        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    if sf is None:
+        sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), packed_ue8m0, col_major_sf)
+    torch.ops.tilebake.per_token_cast_out(x, num_per_channels, round_sf, packed_ue8m0, data, sf)
+    return data, sf
