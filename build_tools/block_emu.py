@@ -10,10 +10,12 @@ bytes are poisoned before each CTA). Scheduling is warp-greedy: in a pseudo-rand
 (seeded by `seed`), each warp runs as far as it can (its lanes in a random order, until each
 waits at a barrier that needs another warp, or is done) before the next warp starts. So one
 warp runs ahead of the others by whole phases, and a missing __syncthreads between a write and
-another warp's read (either order) gives a wrong result or a stuck CTA for some seeds. As only one fiber runs at a time, atomics are plain
-read-modify-writes. A barrier some thread never reaches (a divergent __syncthreads, a warp
-collective in divergent code, a thread that exits before a barrier) is reported: the run aborts
-with the CTA and the stuck threads, where a GPU would hang or be undefined.
+another warp's read (either order) gives a wrong result or a stuck CTA for some seeds. As only
+one fiber runs at a time, atomics are plain read-modify-writes. A barrier some thread never
+reaches (a divergent __syncthreads, a warp collective in divergent code, a thread that exits
+before a barrier) is reported: the run stops with the CTA and the stuck threads, where a GPU
+would hang or be undefined. Races inside a warp between barriers, and memory-model questions
+(caching, fences, the compiler's reordering), are not modelled: the GPU tests decide those.
 
     python build_tools/block_emu.py KERNEL.cu OUT.so
 
@@ -193,7 +195,8 @@ extern "C" int run(SIGNATURE, int grid, int threads, unsigned seed) {
         }
       }
       if (left && g_progress == before) {
-        fprintf(stderr, "block_emu: CTA %d is stuck: %d of %d threads never reach the barrier they wait at (first: thread", b, left, threads);
+        fprintf(stderr, "block_emu: CTA %d is stuck: %d of %d threads wait at a barrier no one else reaches"
+                " (first: thread", b, left, threads);
         int shown = 0;
         for (int t = 0; t < threads && shown < 8; ++t) if (!g_fibers[t].done) { fprintf(stderr, " %d", t); ++shown; }
         fprintf(stderr, ")\n");
@@ -220,7 +223,8 @@ def build(cu_path: str, so_path: str) -> list[str]:
     names = [p.split()[-1] for p in params]
     runner = RUNNER.replace("SIGNATURE", sig).replace("KERNEL_CALL", f"{entry}({', '.join(names)})")
     # The kernel's parameters reach fiber_main through globals (makecontext passes ints only).
-    globals_ = "".join(f"static {p.replace('__restrict__', '').rsplit(' ', 1)[0]} g_{n};\n" for p, n in zip(params, names))
+    types = [p.replace("__restrict__", "").rsplit(" ", 1)[0] for p in params]
+    globals_ = "".join(f"static {t} g_{n};\n" for t, n in zip(types, names))
     runner = runner.replace(f"{entry}({', '.join(names)})", f"{entry}({', '.join('g_' + n for n in names)})")
     runner = runner.replace("unsigned seed) {\n", "unsigned seed) {\n" + "".join(f"  g_{n} = {n};\n" for n in names), 1)
     cpp = Path(so_path + ".cpp")
@@ -242,9 +246,11 @@ class EmulatedKernel:
             raise SystemExit(f"{cu_path}: only 1-D grids and blocks are emulated")
         self.lib = ctypes.CDLL(so_path)
         self.order = [p.split()[-1] for p in params]
-        self.kinds = ["p" if "*" in p else "f" if p.startswith("float ") else "l" if "int64" in p else "i" for p in params]
+        self.kinds = ["p" if "*" in p else "f" if p.startswith("float ") else "l" if "int64" in p else "i"
+                      for p in params]  # fmt: skip
         self.arg_names = arg_names
-        self.grid = eval(f"lambda {', '.join(arg_names)}: {meta['grid'][0]}", {"__builtins__": {"min": min, "max": max}})
+        grid = f"lambda {', '.join(arg_names)}: {meta['grid'][0]}"
+        self.grid = eval(grid, {"__builtins__": {"min": min, "max": max}})
         self.threads = int(meta["block"][0])
 
     seed = 1  # the scheduling order's seed; tests may vary it

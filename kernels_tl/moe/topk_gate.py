@@ -1,12 +1,12 @@
 """Top-k expert selection, as a TileLang factory (build time only).
 
-Fast variants (max_experts <= 1024): one warp per token, WARPS tokens a CTA. Lane l holds the scores of experts l, l + 32, ...
-(SLOTS = max_experts / 32 registers; experts past num_experts hold -inf). Order: larger score
-first, among equal scores the smaller expert index (a stable descending sort). Each lane keeps
-the best (score, index) of its remaining experts; a round finds the warp's maximum score with
-an xor butterfly and its smallest index (a ballot; a min butterfly only for exact ties between
-lanes), every lane ending with the same winner; the owner lane
-drops the winner (sets it to -inf) and rescans its slots. num_topk rounds; lane r keeps round
+Fast variants (max_experts <= 1024): one warp per token, WARPS tokens a CTA. Lane l holds the
+scores of experts l, l + 32, ... (SLOTS = max_experts / 32 registers; experts past num_experts
+hold -inf). Order: larger score first, among equal scores the smaller expert index (a stable
+descending sort). Each lane keeps the best (score, index) of its remaining experts; a round
+finds the warp's maximum score with an xor butterfly and its smallest index (a ballot; a min
+butterfly only for exact ties between lanes), every lane ending with the same winner; the owner
+lane drops the winner (sets it to -inf) and rescans its slots. num_topk rounds; lane r keeps round
 r's winner and the first num_topk lanes store the row with one coalesced write.
 
 Non-finite scores: if any score of a row is NaN or +-inf, that row's output is -1 everywhere

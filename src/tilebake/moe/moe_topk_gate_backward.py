@@ -2,8 +2,8 @@
 optional sequence-level aux loss on the normalised scores) w.r.t. the router logits.
 
 Validate, allocate, launch. The kernels are kernels_tl/moe/moe_topk_gate_backward.py (a warp per
-token up to 1024 experts, a CTA of 256 threads per token beyond); the reference (and the CPU path) is tilebake.torch.moe.moe_topk_gate_backward_ref,
-which computes in float64.
+token up to 1024 experts, a CTA of 256 threads per token beyond); the reference (and the CPU
+path) is tilebake.torch.moe.moe_topk_gate_backward_ref, which computes in float64.
 """
 
 from __future__ import annotations
