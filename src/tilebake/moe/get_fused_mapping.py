@@ -102,6 +102,7 @@ def get_fused_mapping(
     segments x E count matrix. Up to 1024 experts each warp's counters are in shared memory;
     from 1025 to 8192 they are in global memory (one more L2 round trip per 32 entries in the
     scatter, global atomics in the count) and segments are longer (at most 2^18 / E of them).
+    On an H200 at 4096 tokens, k = 8 (no sync): 52 us at 1024 and at 1025 experts, 143 us at 8192.
     """
     num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
     if num_experts > MAX_EXPERTS:

@@ -79,7 +79,9 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
     Cost on a GPU: up to 1024 experts a warp per token (k rounds of warp shuffles); from 1025 to
     8192 a CTA of 256 threads per token, whose k rounds each add a __syncthreads and an 8-way
-    merge in shared memory to the warp step (the scores are read once either way).
+    merge in shared memory to the warp step (the scores are read once either way). The general
+    kernel is bound by those rounds, not by the bytes: on an H200 at 4096 tokens and k = 8 it
+    took 113 us at 1025 experts and 120 us at 8192, where 1024 experts (the fast kernel) took 23.
 
     Non-finite scores: on a GPU, a row holding a NaN or an infinity gets -1 in every output
     column (no device assert, no host sync; the other rows are unaffected). On the CPU (the

@@ -41,7 +41,9 @@ def main():
             u = torch.rand(T, e, device="cuda")
             idx = torch.randint(0, e, (T, K), device="cuda")
             w, g = torch.rand(T, K, device="cuda"), torch.randn(T, K, device="cuda")
-            inputs.append((u, idx, w, g, torch.ones(T, dtype=torch.bool, device="cuda"), torch.randn(1, e, device="cuda")))
+            inputs.append(
+                (u, idx, w, g, torch.ones(T, dtype=torch.bool, device="cuda"), torch.randn(1, e, device="cuda"))
+            )
 
         def backward(u, idx, w, g, m, h):
             return tilebake.moe.moe_topk_gate_backward(u, idx, w, g, 2.5, mask=m, grad_scores_sum=h)
