@@ -13,12 +13,20 @@
            shared counter per expert (start + offsets[segment, expert]) advances by the group size.
            So an expert's rows hold its (token, slot) pairs in ascending flat index.
 An entry outside [0, num_experts) is dropped (token_topk_to_pos -1), as is one whose row would be
->= num_expanded_tokens. Every size is a runtime argument; num_experts <= MAX_EXPERTS.
+>= num_expanded_tokens. Every size is a runtime argument; num_experts <= FAST_MAX_EXPERTS.
+
+The wide stages (count_wide, scatter_wide: FAST_MAX_EXPERTS < num_experts <= MAX_EXPERTS) are the
+same kernels with each warp's per-expert counters in global memory instead of shared memory (8
+warps x 8192 counters would not fit): count_wide zeroes its row counts[segment, :] and counts with
+global atomics; scatter_wide keeps the aligned starts in shared memory (the block scan covers
+MAX_EXPERTS) and advances offsets[segment, expert] in place as the warp's next row (each row of
+offsets belongs to one warp; __syncwarp orders the lanes' global accesses as it does shared ones).
 """
 
 import tilelang.language as T
 
 from tilebake.moe.get_fused_mapping import (
+    FAST_MAX_EXPERTS,
     MAX_EXPERTS,
     SCAN_THREADS,
     SCAN_UNROLL,
@@ -28,7 +36,6 @@ from tilebake.moe.get_fused_mapping import (
 )
 
 THREADS = 32 * WARPS
-PER_THREAD = MAX_EXPERTS // THREADS  # experts a thread owns in the block scan
 
 # Shared memory is synchronised by hand (warp-level phases must not get __syncthreads).
 PASS_CONFIGS = {
@@ -54,7 +61,7 @@ def load_segment_batch(vals, raw, topk_idx, seg, step0, lane, seg_steps, numel, 
             vals[u] = T.cast(raw[u], "int32")
 
 
-def build_count():
+def build_count(wide: bool):
     numel = T.dynamic("numel")
     num_experts = T.dynamic("num_experts")
     num_segments = T.dynamic("num_segments")
@@ -73,7 +80,8 @@ def build_count():
             tx = T.get_thread_binding(0)
             warp = tx // 32
             lane = tx % 32
-            hist = T.alloc_shared((WARPS, MAX_EXPERTS), "int32")
+            if not wide:
+                hist = T.alloc_shared((WARPS, FAST_MAX_EXPERTS), "int32")
             vals = T.alloc_local((SEGMENT_UNROLL,), "int32")
             raw = T.alloc_local((SEGMENT_UNROLL,), "int64")
             seg = b * WARPS + warp
@@ -82,20 +90,33 @@ def build_count():
                 pos_to_expert[p] = -1
                 pos_to_token[p] = -1
                 pos_to_token_topk[p] = -1
-            for e in T.serial(lane, num_experts, 32):
-                hist[warp, e] = 0
-            T.sync_warp()
-            if seg < num_segments:
-                for step in T.serial(seg_steps // SEGMENT_UNROLL):
-                    load_segment_batch(
-                        vals, raw, topk_idx, seg, step * SEGMENT_UNROLL, lane, seg_steps, numel, num_experts
-                    )
-                    for u in T.unroll(SEGMENT_UNROLL):
-                        if vals[u] >= 0:
-                            T.atomic_add(hist[warp, vals[u]], 1)
-                T.sync_warp()
+            if wide:
+                if seg < num_segments:
+                    for e in T.serial(lane, num_experts, 32):
+                        counts[seg, e] = 0
+                    T.sync_warp()
+                    for step in T.serial(seg_steps // SEGMENT_UNROLL):
+                        load_segment_batch(
+                            vals, raw, topk_idx, seg, step * SEGMENT_UNROLL, lane, seg_steps, numel, num_experts
+                        )
+                        for u in T.unroll(SEGMENT_UNROLL):
+                            if vals[u] >= 0:
+                                T.atomic_add(counts[seg, vals[u]], 1)
+            else:
                 for e in T.serial(lane, num_experts, 32):
-                    counts[seg, e] = hist[warp, e]
+                    hist[warp, e] = 0
+                T.sync_warp()
+                if seg < num_segments:
+                    for step in T.serial(seg_steps // SEGMENT_UNROLL):
+                        load_segment_batch(
+                            vals, raw, topk_idx, seg, step * SEGMENT_UNROLL, lane, seg_steps, numel, num_experts
+                        )
+                        for u in T.unroll(SEGMENT_UNROLL):
+                            if vals[u] >= 0:
+                                T.atomic_add(hist[warp, vals[u]], 1)
+                    T.sync_warp()
+                    for e in T.serial(lane, num_experts, 32):
+                        counts[seg, e] = hist[warp, e]
 
     return get_fused_mapping_count
 
@@ -156,7 +177,9 @@ def build_scan():
     return get_fused_mapping_scan
 
 
-def build_scatter():
+def build_scatter(wide: bool):
+    max_experts = MAX_EXPERTS if wide else FAST_MAX_EXPERTS
+    per_thread = max_experts // THREADS  # experts a thread owns in the block scan
     numel = T.dynamic("numel")
     num_experts = T.dynamic("num_experts")
     num_segments = T.dynamic("num_segments")
@@ -183,18 +206,19 @@ def build_scatter():
             warp = tx // 32
             lane = tx % 32
             scan = T.alloc_shared((THREADS,), "int32")
-            start = T.alloc_shared((MAX_EXPERTS,), "int32")
-            ctr = T.alloc_shared((WARPS, MAX_EXPERTS), "int32")
-            aligned = T.alloc_local((PER_THREAD,), "int32")
+            start = T.alloc_shared((max_experts,), "int32")
+            if not wide:
+                ctr = T.alloc_shared((WARPS, FAST_MAX_EXPERTS), "int32")
+            aligned = T.alloc_local((per_thread,), "int32")
             vals = T.alloc_local((SEGMENT_UNROLL,), "int32")
             raw = T.alloc_local((SEGMENT_UNROLL,), "int64")
             acc = T.alloc_var("int32")
             step_in = T.alloc_var("int32")
-            # 1. Aligned segment lengths, thread tx owning experts PER_THREAD * tx + u, and their
+            # 1. Aligned segment lengths, thread tx owning experts per_thread * tx + u, and their
             #    exclusive prefix (Hillis-Steele over the threads' sums).
             acc = 0
-            for u in T.unroll(PER_THREAD):
-                e = tx * PER_THREAD + u
+            for u in T.unroll(per_thread):
+                e = tx * per_thread + u
                 aligned[u] = 0
                 if e < num_experts:
                     aligned[u] = T.ceildiv(totals[e], alignment) * alignment
@@ -210,8 +234,8 @@ def build_scatter():
                 T.sync_threads()
             acc = scan[tx] - acc  # exclusive
             T.sync_threads()  # the lowering may place `start` over `scan`
-            for u in T.unroll(PER_THREAD):
-                e = tx * PER_THREAD + u
+            for u in T.unroll(per_thread):
+                e = tx * per_thread + u
                 if e < num_experts:
                     start[e] = acc
                     if b == 0:
@@ -220,12 +244,13 @@ def build_scatter():
                         num_tokens_per_expert[e] = aligned[u]
                 acc = acc + aligned[u]
             T.sync_threads()
-            # 2. This warp's next row per expert.
+            # 2. This warp's next row per expert (wide: start[e] + offsets[seg, e], read as used).
             seg = b * WARPS + warp
-            if seg < num_segments:
-                for e in T.serial(lane, num_experts, 32):
-                    ctr[warp, e] = start[e] + offsets[seg, e]
-            T.sync_warp()
+            if not wide:
+                if seg < num_segments:
+                    for e in T.serial(lane, num_experts, 32):
+                        ctr[warp, e] = start[e] + offsets[seg, e]
+                T.sync_warp()
             # 3. The segment in ascending flat order, 32 entries a step.
             lower_lanes = (T.uint32(1) << T.cast(lane, "uint32")) - T.uint32(1)
             if seg < num_segments:
@@ -239,11 +264,20 @@ def build_scatter():
                         peers = T.match_any_sync(e)
                         rank = T.cast(T.popcount(peers & lower_lanes), "int32")
                         acc = 0
-                        if e >= 0:
-                            acc = ctr[warp, e] + rank
-                        T.sync_warp()
-                        if e >= 0 and (peers & lower_lanes) == T.uint32(0):
-                            ctr[warp, e] = acc + T.cast(T.popcount(peers), "int32")
+                        if wide:
+                            if e >= 0:
+                                acc = offsets[seg, e]
+                            T.sync_warp()
+                            if e >= 0 and (peers & lower_lanes) == T.uint32(0):
+                                offsets[seg, e] = acc + T.cast(T.popcount(peers), "int32")
+                            if e >= 0:
+                                acc = start[e] + acc + rank
+                        else:
+                            if e >= 0:
+                                acc = ctr[warp, e] + rank
+                            T.sync_warp()
+                            if e >= 0 and (peers & lower_lanes) == T.uint32(0):
+                                ctr[warp, e] = acc + T.cast(T.popcount(peers), "int32")
                         T.sync_warp()
                         if i < numel:
                             if e >= 0 and acc < num_expanded:
@@ -258,4 +292,7 @@ def build_scatter():
 
 
 def build(v: GetFusedMappingVariant):
-    return {"count": build_count, "scan": build_scan, "scatter": build_scatter}[v.stage]()
+    if v.stage == "scan":
+        return build_scan()
+    stage, _, wide = v.stage.partition("_")
+    return {"count": build_count, "scatter": build_scatter}[stage](wide == "wide")

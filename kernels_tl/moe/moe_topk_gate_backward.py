@@ -21,14 +21,22 @@ max_experts / 32). Lane j < k holds slot j. The route terms are scattered into a
 shared row by shared-memory atomics (duplicate experts add, in an unspecified order), warp
 sums are xor butterflies. All control flow is uniform over the CTA; only memory accesses are
 guarded (a barrier inside a token-dependent branch could hang the last CTA).
+
+General variant (max_experts > 1024, build_block): one CTA of BLOCK_THREADS threads per token;
+thread x holds experts x, x + BLOCK_THREADS, ... The route row is in shared memory; warp 0's
+lanes j < k scatter the route terms (every warp computes the same D and <g, w> from the same
+loads, the same bits); the row sums (S, <h, u>, <u, grad_u>) are per-thread sums over the
+slots, warp butterflies, then the 8 warps' partials added in warp order by every thread (one
+barrier each), so every thread holds the same bits.
 """
 
 import tilelang.language as T
 
-from tilebake.moe.moe_topk_gate_backward import MoeTopkGateBackwardVariant
+from tilebake.moe.moe_topk_gate_backward import BLOCK_THREADS, MoeTopkGateBackwardVariant
 
 WARPS = 4
 THREADS = 32 * WARPS
+BLOCK_WARPS = BLOCK_THREADS // 32
 DENOMINATOR_START = 1e-20  # as the forward
 SQRTSOFTPLUS, SIGMOID, SOFTMAX = 0, 1, 2  # the `scoring` argument (src/tilebake/moe/moe_topk_gate_backward.py)
 
@@ -40,7 +48,22 @@ def warp_sum_(acc):
         acc[0] = acc[0] + T.shfl_xor(acc[0], 16 >> s)
 
 
+@T.macro
+def block_sum_(acc, buf, base, lane, w):
+    """acc[0] = its sum over the CTA, the same bits in every thread. buf[base : base +
+    BLOCK_WARPS]: shared floats that no other reduction uses (so posting needs no barrier)."""
+    warp_sum_(acc)
+    if lane == 0:
+        buf[base + w] = acc[0]
+    T.sync_threads()
+    acc[0] = buf[base]
+    for i in T.unroll(BLOCK_WARPS - 1):
+        acc[0] = acc[0] + buf[base + i + 1]
+
+
 def build(v: MoeTopkGateBackwardVariant):
+    if v.max_experts > 32 * 32:
+        return build_block(v)
     slots = v.max_experts // 32
     assert slots * 32 == v.max_experts, v
 
@@ -173,3 +196,138 @@ def build(v: MoeTopkGateBackwardVariant):
                         DX[t, j * 32 + lane] = T.float32(0)
 
     return moe_topk_gate_backward_kernel
+
+
+def build_block(v: MoeTopkGateBackwardVariant):
+    slots = v.max_experts // BLOCK_THREADS
+    assert slots * BLOCK_THREADS == v.max_experts, v
+    parts = v.max_experts  # buf[parts + 8 r : ...]: reduction r's partial sums, after the route row
+
+    num_tokens = T.dynamic("num_tokens")
+    num_experts = T.dynamic("num_experts")
+    num_topk = T.dynamic("num_topk")
+    num_seqs = T.dynamic("num_seqs")
+    u_stride = T.dynamic("scores_stride")
+    idx_stride = T.dynamic("idx_stride")
+    w_stride = T.dynamic("w_stride")
+    g_stride = T.dynamic("g_stride")
+    h_stride = T.dynamic("h_stride")
+    out_stride = T.dynamic("out_stride")
+
+    @T.prim_func
+    def moe_topk_gate_backward_block_kernel(
+        U: T.StridedTensor((num_tokens, num_experts), (u_stride, 1), "float32"),
+        IDX: T.StridedTensor((num_tokens, num_topk), (idx_stride, 1), "int64"),
+        TW: T.StridedTensor((num_tokens, num_topk), (w_stride, 1), "float32"),
+        G: T.StridedTensor((num_tokens, num_topk), (g_stride, 1), "float32"),
+        MASK: T.Tensor((num_tokens,), "uint8"),
+        H: T.StridedTensor((num_seqs, num_experts), (h_stride, 1), "float32"),
+        DX: T.StridedTensor((num_tokens, num_experts), (out_stride, 1), "float32"),
+        routed_scaling_factor: T.float32,
+        scoring: T.int32,
+        has_mask: T.int32,
+        has_aux: T.int32,
+        tokens_per_seq: T.int32,
+    ):
+        with T.Kernel(num_tokens, threads=BLOCK_THREADS) as t:
+            tx = T.get_thread_binding(0)
+            lane = tx % 32
+            w = tx // 32
+            # The route row, then the partial sums: one buffer, as the lowering may overlay
+            # separate buffers whose uses it sees apart, with no barrier between.
+            buf = T.alloc_shared((v.max_experts + 3 * BLOCK_WARPS,), "float32")
+            u = T.alloc_local((slots,), "float32")
+            h = T.alloc_local((slots,), "float32")
+            gu = T.alloc_local((slots,), "float32")
+            row_on = T.alloc_var("bool")
+            slot_on = T.alloc_var("bool")
+            e = T.alloc_var("int32")
+            g = T.alloc_var("float32")
+            tw = T.alloc_var("float32")
+            u_sel = T.alloc_var("float32")
+            den = T.alloc_local((1,), "float32")
+            dot = T.alloc_local((1,), "float32")
+            total = T.alloc_local((1,), "float32")
+            inv = T.alloc_var("float32")
+            d = T.alloc_var("float32")
+            uu = T.alloc_var("float32")
+            idx64 = T.alloc_var("int64")
+
+            row_on = True
+            if has_mask != 0:
+                row_on = MASK[t] != T.uint8(0)
+            for j in T.unroll(slots):
+                buf[j * BLOCK_THREADS + tx] = T.float32(0)
+                u[j] = T.float32(0)
+                h[j] = T.float32(0)
+                if j * BLOCK_THREADS + tx < num_experts:
+                    u[j] = U[t, j * BLOCK_THREADS + tx]
+                    if has_aux != 0:
+                        h[j] = H[t // tokens_per_seq, j * BLOCK_THREADS + tx]
+
+            # Lane j < k of every warp: slot j (so every warp sums D and <g, w> itself).
+            slot_on = False
+            e = 0
+            g = T.float32(0)
+            tw = T.float32(0)
+            u_sel = T.float32(0)
+            if row_on and lane < num_topk:
+                idx64 = IDX[t, lane]
+                if idx64 >= T.int64(0) and idx64 < T.cast(num_experts, "int64"):
+                    slot_on = True
+                    e = T.cast(idx64, "int32")
+                    g = G[t, lane]
+                    tw = TW[t, lane]
+                    u_sel = U[t, e]
+            den[0] = u_sel
+            warp_sum_(den)
+            den[0] = den[0] + T.float32(DENOMINATOR_START)
+            dot[0] = g * tw
+            warp_sum_(dot)
+            T.sync_threads()  # the zeroed route row is visible
+            if slot_on and w == 0:
+                T.atomic_add(buf[e], (routed_scaling_factor * g - dot[0]) / den[0])
+            T.sync_threads()
+            for j in T.unroll(slots):
+                gu[j] = buf[j * BLOCK_THREADS + tx]
+
+            if has_aux != 0:
+                total[0] = T.float32(0)
+                dot[0] = T.float32(0)
+                for j in T.unroll(slots):
+                    total[0] = total[0] + u[j]
+                    dot[0] = dot[0] + h[j] * u[j]
+                block_sum_(total, buf, parts, lane, w)
+                block_sum_(dot, buf, parts + BLOCK_WARPS, lane, w)
+                inv = T.float32(0)
+                if row_on:
+                    inv = T.float32(1) / total[0]
+                for j in T.unroll(slots):
+                    gu[j] = gu[j] + (h[j] - dot[0] * inv) * inv
+
+            if scoring == SOFTMAX:
+                dot[0] = T.float32(0)
+                for j in T.unroll(slots):
+                    dot[0] = dot[0] + u[j] * gu[j]
+                block_sum_(dot, buf, parts + 2 * BLOCK_WARPS, lane, w)
+                for j in T.unroll(slots):
+                    gu[j] = u[j] * (gu[j] - dot[0])
+            elif scoring == SIGMOID:
+                for j in T.unroll(slots):
+                    gu[j] = gu[j] * (u[j] * (T.float32(1) - u[j]))
+            else:
+                for j in T.unroll(slots):
+                    uu = u[j]
+                    d = T.float32(0)
+                    if uu > T.float32(0):
+                        d = -T.call_extern("float32", "expm1f", -(uu * uu)) / (T.float32(2) * uu)
+                    gu[j] = gu[j] * d
+
+            for j in T.unroll(slots):
+                if j * BLOCK_THREADS + tx < num_experts:
+                    if row_on:
+                        DX[t, j * BLOCK_THREADS + tx] = gu[j]
+                    else:
+                        DX[t, j * BLOCK_THREADS + tx] = T.float32(0)
+
+    return moe_topk_gate_backward_block_kernel

@@ -76,11 +76,28 @@ def test_given_size_no_sync_and_dropping():
     assert bool((smaller[3] < used // 2).all())
 
 
-def test_cpu_path_is_the_reference():
-    topk_idx = random_topk_idx(33, 6, 16)
+@pytest.mark.parametrize("num_experts", [16, 1025, 8192])
+def test_cpu_path_is_the_reference(num_experts):
+    topk_idx = random_topk_idx(33, 6, num_experts)
     check_against(
-        tilebake.moe.get_fused_mapping(topk_idx, 16, 0, 4), tilebake.torch.get_fused_mapping(topk_idx, 16, 0, 4)
+        tilebake.moe.get_fused_mapping(topk_idx, num_experts, 0, 4),
+        tilebake.torch.get_fused_mapping(topk_idx, num_experts, 0, 4),
     )
+
+
+def test_segments_and_stages_by_expert_count():
+    """Up to 1024 experts: the shared-memory stages, segments as before; beyond, the wide stages
+    and at most 2^18 / E segments (the work buffer stays 2^18 int32 a matrix)."""
+    from tilebake.moe.get_fused_mapping import GetFusedMappingVariant, segment_steps
+    from tilebake.utils import ceil_div
+
+    stages = {v.stage for v in GetFusedMappingVariant.all()}
+    assert stages == {"count", "scan", "scatter", "count_wide", "scatter_wide"}
+    for numel, num_experts, segments in [(8, 8, 1), (65536 * 8, 256, 256), (65536 * 8, 1024, 256),
+                                         (65536 * 8, 1025, 228), (65536 * 8, 8192, 32), (100, 8192, 1)]:  # fmt: skip
+        steps = segment_steps(numel, num_experts)
+        assert steps % 8 == 0 and ceil_div(numel, 32 * steps) == segments, (numel, num_experts, steps)
+        assert segments * num_experts <= max(2**18, num_experts)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +107,7 @@ def test_cpu_path_is_the_reference():
         (dict(topk_idx=torch.zeros(4, 2, dtype=torch.int64).t()), ValueError, "topk_idx must be contiguous"),
         (dict(topk_idx=torch.zeros(8, dtype=torch.int64)), ValueError, "topk_idx must be a 2-D"),
         (dict(num_experts=0), ValueError, "num_experts must be an int >= 1"),
-        (dict(num_experts=1025), ValueError, "num_experts must be at most 1024"),
+        (dict(num_experts=8193), ValueError, "num_experts must be at most 8192"),
         (dict(alignment=0), ValueError, "alignment must be an int >= 1"),
         (dict(num_expanded_tokens=-1), ValueError, "num_expanded_tokens must be an int >= 0"),
         (dict(num_expanded_tokens=2.0), ValueError, "num_expanded_tokens must be an int"),
@@ -108,7 +125,12 @@ def test_bad_arguments(kwargs, error, match):
 GPU_CASES = [
     (num_tokens, num_topk, num_experts, alignment)
     for (num_tokens, num_topk), num_experts, alignment in itertools.product(
-        [(1, 1), (1, 9), (8001, 6), (8001, 9), (4096, 8)], [8, 72, 256, 512], [1, 16, 128]
+        [(1, 1), (1, 9), (8001, 6), (8001, 9), (4096, 8)], [1, 8, 31, 72, 256, 512, 1024], [1, 16, 128]
+    )
+] + [  # the wide stages (counters in global memory)
+    (num_tokens, num_topk, num_experts, alignment)
+    for (num_tokens, num_topk), num_experts, alignment in itertools.product(
+        [(1, 1), (1, 9), (8001, 6), (4096, 8), (3, 32)], [1025, 4097, 5000, 8192], [1, 128]
     )
 ]
 
@@ -123,36 +145,41 @@ def test_kernels_match_reference(num_tokens, num_topk, num_experts, alignment):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_experts", [256, 8192])
 @pytest.mark.parametrize("num_tokens,num_topk", [(65536, 8), (100000, 9), (3, 32)])
-def test_kernels_many_segments(num_tokens, num_topk):
+def test_kernels_many_segments(num_tokens, num_topk, num_experts):
     """Long segments (more than the minimum 8 steps a warp) and k beyond a warp."""
-    topk_idx = random_topk_idx(num_tokens, num_topk, 256, device="cuda", drop=0.3)
+    topk_idx = random_topk_idx(num_tokens, num_topk, num_experts, device="cuda", drop=0.3)
     poison_allocator_("cuda")
-    result = tilebake.moe.get_fused_mapping(topk_idx, 256, 0, 64)
-    check_against(result, tilebake.torch.get_fused_mapping(topk_idx, 256, 0, 64))
+    result = tilebake.moe.get_fused_mapping(topk_idx, num_experts, 0, 64)
+    check_against(result, tilebake.torch.get_fused_mapping(topk_idx, num_experts, 0, 64))
 
 
 @pytest.mark.gpu
-def test_kernels_skewed_routing_and_bad_indices():
-    """Every token to expert 3 (one expert owns a whole long run), plus out-of-range indices."""
-    topk_idx = torch.full((5000, 4), 3, dtype=torch.int64, device="cuda")
+@pytest.mark.parametrize("num_experts,hot", [(16, 3), (5000, 4321)])
+def test_kernels_skewed_routing_and_bad_indices(num_experts, hot):
+    """Every token to one expert (it owns a whole long run), plus out-of-range indices."""
+    topk_idx = torch.full((5000, 4), hot, dtype=torch.int64, device="cuda")
     topk_idx[::7, 1] = -1
-    topk_idx[::11, 2] = 1000
+    topk_idx[::11, 2] = num_experts + 984
     topk_idx[::13, 3] = -5
     check_against(
-        tilebake.moe.get_fused_mapping(topk_idx, 16, 0, 128), tilebake.torch.get_fused_mapping(topk_idx, 16, 0, 128)
+        tilebake.moe.get_fused_mapping(topk_idx, num_experts, 0, 128),
+        tilebake.torch.get_fused_mapping(topk_idx, num_experts, 0, 128),
     )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["bigger", "smaller", "no_sync"])
-def test_kernels_given_size(mode):
-    topk_idx = random_topk_idx(3000, 6, 64, device="cuda")
-    used = int(tilebake.torch.get_fused_mapping(topk_idx, 64, 0, 16)[6].sum())
+@pytest.mark.parametrize("num_experts", [64, 3000])
+def test_kernels_given_size(mode, num_experts):
+    topk_idx = random_topk_idx(3000, 6, num_experts, device="cuda")
+    used = int(tilebake.torch.get_fused_mapping(topk_idx, num_experts, 0, 16)[6].sum())
     size, force = {"bigger": (used + 1000, False), "smaller": (used // 3, False), "no_sync": (0, True)}[mode]
     poison_allocator_("cuda")
-    result = tilebake.moe.get_fused_mapping(topk_idx, 64, size, 16, force_no_sync=force)
-    check_against(result, tilebake.torch.get_fused_mapping(topk_idx, 64, size, 16, force_no_sync=force), f" ({mode})")
+    result = tilebake.moe.get_fused_mapping(topk_idx, num_experts, size, 16, force_no_sync=force)
+    expected = tilebake.torch.get_fused_mapping(topk_idx, num_experts, size, 16, force_no_sync=force)
+    check_against(result, expected, f" ({mode})")
 
 
 @pytest.mark.gpu

@@ -143,7 +143,7 @@ def _args(**overrides):
 BAD_CALLS = [
     (dict(scoring_func="relu"), NotImplementedError, r"one of \('sqrtsoftplus', 'sigmoid', 'softmax'\), got 'relu'"),
     (dict(scores=torch.rand(4, 16).double()), TypeError, "scores must be torch.float32, got torch.float64"),
-    (dict(scores=torch.rand(4, 1025)), ValueError, r"num_experts\) must be in \[1, 1024\], got 1025"),
+    (dict(scores=torch.rand(4, 8193)), ValueError, r"num_experts\) must be in \[1, 8192\], got 8193"),
     (dict(scores=torch.rand(16, 4).t()), ValueError, "scores must be contiguous in its last dim"),
     (dict(topk_idx=torch.zeros(4, dtype=torch.int64)), ValueError, r"topk_idx must be a 2-D \(num_tokens, num_topk\)"),
     (dict(topk_idx=torch.zeros(4, 2, dtype=torch.int32)), TypeError, "topk_idx must be torch.int64, got torch.int32"),
@@ -183,6 +183,17 @@ def test_cpu_path_is_the_reference(func):
     assert (got[~mask] == 0).all()
 
 
+def test_cpu_path_takes_the_general_counts():
+    """1025..8192 experts are accepted (the general variant on a GPU); the CPU path is the reference."""
+    from tilebake.moe.moe_topk_gate_backward import MAX_EXPERTS, MoeTopkGateBackwardVariant
+
+    assert MAX_EXPERTS[-1] == 8192 and {v.max_experts for v in MoeTopkGateBackwardVariant.all()} == set(MAX_EXPERTS)
+    for num_experts in (1025, 8192):
+        _, u, idx, w, g, mask, h = forward_inputs(3, num_experts, 32, "softmax", "cpu", num_seqs=1, masked=0.3)
+        got = tilebake.moe.moe_topk_gate_backward(u, idx, w, g, RSF, "softmax", mask=mask, grad_scores_sum=h)
+        assert torch.equal(got, moe_topk_gate_backward_ref(u, idx, w, g, RSF, "softmax", mask, h))
+
+
 def test_cpu_mask_without_aux_zeroes_rows():
     """Beyond the original: mask alone (no grad_scores_sum) zeroes the masked tokens' rows."""
     _, u, idx, w, g, _, _ = forward_inputs(12, 16, 2, "sqrtsoftplus", "cpu")
@@ -212,8 +223,13 @@ def _check_kernel(num_tokens, num_experts, k, func, num_seqs, masked=0.1, duplic
     assert_close_to_ref(got, ref, mask, term_scale)
 
 
+# Fast variants (a warp per token) to 1024 experts, then the general one (a CTA per token).
+SQRTSOFTPLUS_CASES = [(1, 1), (8, 1), (8, 8), (31, 6), (72, 6), (72, 9), (256, 2), (256, 8), (512, 32), (1024, 8),
+                      (1025, 8), (4097, 32), (5000, 9), (8192, 1), (8192, 32)]  # fmt: skip
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_experts,k", [(8, 1), (8, 8), (72, 6), (72, 9), (256, 2), (256, 8), (512, 32), (1024, 8)])
+@pytest.mark.parametrize("num_experts,k", SQRTSOFTPLUS_CASES)
 @pytest.mark.parametrize("num_tokens", [1, 8001])
 @pytest.mark.parametrize("aux", [False, True])
 def test_kernel_sqrtsoftplus(num_tokens, num_experts, k, aux):
@@ -222,7 +238,7 @@ def test_kernel_sqrtsoftplus(num_tokens, num_experts, k, aux):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("func", ["sigmoid", "softmax"])
-@pytest.mark.parametrize("num_experts,k", [(8, 2), (72, 6), (256, 8), (1024, 32)])
+@pytest.mark.parametrize("num_experts,k", [(8, 2), (72, 6), (256, 8), (1024, 32), (1025, 6), (5000, 9), (8192, 32)])
 @pytest.mark.parametrize("aux", [False, True])
 def test_kernel_other_scoring(func, num_experts, k, aux):
     _check_kernel(8001, num_experts, k, func, num_seqs=3 if aux else 0)
@@ -234,11 +250,16 @@ def test_kernel_many_tokens_sequences_duplicates_strides():
     _check_kernel(4000, 72, 6, "sqrtsoftplus", num_seqs=8, duplicates=True)  # fixed routing repeats an expert
     _check_kernel(999, 256, 8, "softmax", num_seqs=3, strided=True)
     _check_kernel(1001, 300, 9, "sqrtsoftplus", num_seqs=0, masked=0.5, strided=True)
+    # The general variant: sequences, duplicates, strides.
+    _check_kernel(4000, 2048, 8, "sqrtsoftplus", num_seqs=16, masked=0.05, duplicates=True)
+    _check_kernel(999, 6000, 8, "softmax", num_seqs=3, strided=True)
+    _check_kernel(501, 8192, 32, "sigmoid", num_seqs=0, masked=0.5, strided=True)
 
 
 @pytest.mark.gpu
 def test_kernel_all_masked_and_empty():
     _check_kernel(64, 256, 8, "sqrtsoftplus", num_seqs=2, masked=1.0)
+    _check_kernel(64, 3000, 8, "softmax", num_seqs=2, masked=1.0)
     empty = torch.zeros(0, 16, device="cuda")
     idx = torch.zeros(0, 2, dtype=torch.int64, device="cuda")
     w = torch.zeros(0, 2, device="cuda")
@@ -246,13 +267,14 @@ def test_kernel_all_masked_and_empty():
 
 
 @pytest.mark.gpu
-def test_kernel_ignores_out_of_range_indices():
+@pytest.mark.parametrize("num_experts", [72, 1500])
+def test_kernel_ignores_out_of_range_indices(num_experts):
     """On a GPU an index outside [0, E) counts as -1 (no check, no sync; the CPU path raises)."""
-    _, u, idx, w, g, _, _ = forward_inputs(100, 72, 6, "sqrtsoftplus", "cuda")
+    _, u, idx, w, g, _, _ = forward_inputs(100, num_experts, 6, "sqrtsoftplus", "cuda")
     bad = idx.clone()
-    bad[::3, 0] = 72
+    bad[::3, 0] = num_experts
     bad[1::3, 1] = -5
-    clean = torch.where((bad >= 0) & (bad < 72), bad, -1)
+    clean = torch.where((bad >= 0) & (bad < num_experts), bad, -1)
     got = tilebake.moe.moe_topk_gate_backward(u, bad, w, g, RSF)
     assert torch.equal(got, tilebake.moe.moe_topk_gate_backward(u, clean, w, g, RSF))
 

@@ -40,8 +40,8 @@ BAD_CALLS = [
     (([[1.0]], 1), TypeError, "scores must be a torch.Tensor, got list"),
     ((torch.zeros(4, 8).half(), 1), TypeError, "scores must be torch.float32"),
     ((torch.zeros(8), 1), ValueError, r"scores must be 2-D \(num_tokens, num_experts\)"),
-    ((torch.zeros(4, 0), 1), ValueError, r"num_experts\) must be in \[1, 1024\], got 0"),
-    ((torch.zeros(4, 1025), 1), ValueError, r"must be in \[1, 1024\], got 1025"),
+    ((torch.zeros(4, 0), 1), ValueError, r"num_experts\) must be in \[1, 8192\], got 0"),
+    ((torch.zeros(4, 8193), 1), ValueError, r"must be in \[1, 8192\], got 8193"),
     ((torch.zeros(8, 4).t(), 1), ValueError, "contiguous in its last dim"),
     ((torch.zeros(4, 8), 0), ValueError, r"num_topk must be an int in \[1, min\(num_experts=8, 32\)\], got 0"),
     ((torch.zeros(4, 8), 9), ValueError, r"num_experts=8, 32\)\], got 9"),
@@ -57,13 +57,23 @@ def test_bad_arguments(args, error, match):
         tilebake.moe.topk_gate(*args)
 
 
-@pytest.mark.parametrize("num_experts,k", [(8, 1), (72, 6), (256, 8), (1024, 32)])
+@pytest.mark.parametrize("num_experts,k", [(1, 1), (8, 1), (72, 6), (256, 8), (1024, 32), (1025, 9), (8192, 32)])
 @pytest.mark.parametrize("ties", [False, True])
 def test_cpu_path_is_the_stable_topk(num_experts, k, ties):
     scores = make_scores(37, num_experts, ties, "cpu")
     got = tilebake.moe.topk_gate(scores, k)
     assert_indices_equal(got, stable_topk(scores, k), scores)
     assert got.is_contiguous()
+
+
+def test_variants_cover_every_expert_count():
+    """The smallest bucket that holds the row runs: the fast warp kernels up to 1024 experts,
+    the general CTA kernel (8192) from 1025 on; every bucket has a variant."""
+    from tilebake.moe.topk_gate import MAX_EXPERTS, TopkGateVariant, experts_bucket
+
+    assert MAX_EXPERTS[-1] == 8192 and {v.max_experts for v in TopkGateVariant.all()} == set(MAX_EXPERTS)
+    cases = {1: 256, 256: 256, 257: 512, 1024: 1024, 1025: 8192, 5000: 8192, 8192: 8192}
+    assert {e: experts_bucket(e) for e in cases} == cases
 
 
 def test_cpu_path_strided_rows_and_empty():
@@ -85,7 +95,10 @@ def test_cpu_path_rejects_non_finite_scores():
 # The reference runs on the CPU: torch's CUDA sort may order -0.0 before +0.0 (radix keys), where
 # the rule (and the CPU sort, and the kernel) treats them as equal values.
 
-EXPERTS_K = [(e, k) for e in (8, 72, 256, 512, 1024) for k in (1, 2, 6, 8, 9, 32) if k <= e]
+KS = (1, 2, 6, 8, 9, 32)
+EXPERTS_K = [(e, k) for e in (1, 8, 31, 72, 256, 512, 1024) for k in KS + (31,) if k <= e]
+# The general kernel (a CTA per token): just past the fast ones, odd counts, the limit.
+WIDE_EXPERTS_K = [(e, k) for e in (1025, 4097, 5000, 8192) for k in KS]
 
 
 @pytest.mark.gpu
@@ -95,6 +108,25 @@ EXPERTS_K = [(e, k) for e in (8, 72, 256, 512, 1024) for k in (1, 2, 6, 8, 9, 32
 def test_kernel_matches_stable_topk(num_tokens, num_experts, k, ties):
     scores = make_scores(num_tokens, num_experts, ties, "cuda")
     assert_indices_equal(tilebake.moe.topk_gate(scores, k), stable_topk(scores.cpu(), k), scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,k", WIDE_EXPERTS_K)
+@pytest.mark.parametrize("num_tokens", [1, 999])
+@pytest.mark.parametrize("ties", [False, True])
+def test_general_kernel_matches_stable_topk(num_tokens, num_experts, k, ties):
+    scores = make_scores(num_tokens, num_experts, ties, "cuda")
+    assert_indices_equal(tilebake.moe.topk_gate(scores, k), stable_topk(scores.cpu(), k), scores)
+
+
+@pytest.mark.gpu
+def test_general_kernel_many_tokens_and_strided_rows():
+    scores = make_scores(8001, 1025, False, "cuda")
+    scores[::5] = torch.round(scores[::5] * 2) / 2  # a fifth of the rows with ties
+    assert_indices_equal(tilebake.moe.topk_gate(scores, 8), stable_topk(scores.cpu(), 8), scores)
+    wide = make_scores(301, 6007, True, "cuda")
+    scores = wide[:, 3 : 3 + 6000]  # an odd row stride and an offset start
+    assert_indices_equal(tilebake.moe.topk_gate(scores, 32), stable_topk(scores.cpu(), 32), scores)
 
 
 @pytest.mark.gpu
@@ -113,22 +145,24 @@ def test_kernel_strided_rows(num_experts):
 
 
 @pytest.mark.gpu
-def test_kernel_all_equal_and_signed_zeros():
+@pytest.mark.parametrize("num_experts", [72, 8192])
+def test_kernel_all_equal_and_signed_zeros(num_experts):
     """Equal values keep ascending index order; -0.0 == 0.0 (as torch.sort)."""
-    scores = torch.zeros(3, 72, device="cuda")
+    scores = torch.zeros(3, num_experts, device="cuda")
     scores[1, ::2] = -0.0
-    scores[2] = torch.where(torch.arange(72, device="cuda") % 3 == 0, -0.0, 0.0)
+    scores[2] = torch.where(torch.arange(num_experts, device="cuda") % 3 == 0, -0.0, 0.0)
     expected = torch.arange(32, device="cuda").expand(3, 32)
     assert_indices_equal(tilebake.moe.topk_gate(scores, 32), expected, scores)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_kernel_non_finite_rows_get_minus_one(bad):
+@pytest.mark.parametrize("num_experts", [256, 5000])
+def test_kernel_non_finite_rows_get_minus_one(bad, num_experts):
     """A row with a NaN or an infinity anywhere: -1 in every column; the other rows are exact."""
-    scores = make_scores(301, 256, False, "cuda")
+    scores = make_scores(301, num_experts, False, "cuda")
     rows = torch.tensor([0, 17, 255, 300], device="cuda")
-    scores[rows, torch.tensor([0, 255, 31, 100], device="cuda")] = bad
+    scores[rows, torch.tensor([0, 255, 31, num_experts - 1], device="cuda")] = bad
     got = tilebake.moe.topk_gate(scores, 8)
     assert (got[rows] == -1).all(), got[rows]
     keep = torch.ones(301, dtype=torch.bool, device="cuda")

@@ -15,12 +15,19 @@ from tilebake._variants import Variant
 from tilebake.moe._common import check_mapping_args, mapping_result, mapping_size
 from tilebake.utils import ceil_div
 
-MAX_EXPERTS = 1024  # the scatter's per-warp counters live in shared memory (WARPS x MAX_EXPERTS int32)
+# Up to FAST_MAX_EXPERTS the per-warp counters of count and scatter live in shared memory (WARPS x
+# FAST_MAX_EXPERTS int32); beyond, the wide stages keep them in global memory (the count / offset
+# rows of the work buffer) and only the aligned starts (MAX_EXPERTS int32) in shared memory.
+FAST_MAX_EXPERTS = 1024
+MAX_EXPERTS = 8192
 WARPS = 8  # warps a CTA in count and scatter; one warp per segment
 SEGMENT_UNROLL = 8  # topk_idx loads a lane issues at once; segment steps are a multiple of it
 SCAN_THREADS = 1024
 SCAN_UNROLL = 4
 MAX_SEGMENTS = 256  # the scan walks at most MAX_SEGMENTS / 32 segments a thread
+# The work buffer holds 2 x segments x experts int32: beyond FAST_MAX_EXPERTS fewer (longer)
+# segments keep it at the size the fast stages reach (MAX_SEGMENTS x FAST_MAX_EXPERTS a matrix).
+MAX_WORK = MAX_SEGMENTS * FAST_MAX_EXPERTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,11 +35,13 @@ class GetFusedMappingVariant(Variant):
     family = "moe"
     op = "get_fused_mapping"
 
-    stage: str  # 'count' | 'scan' | 'scatter': the three kernels, launched in this order
+    # 'count' | 'scan' | 'scatter': the three kernels, launched in this order; 'count_wide' and
+    # 'scatter_wide' replace count and scatter beyond FAST_MAX_EXPERTS experts.
+    stage: str
 
     @classmethod
     def all(cls):
-        return (cls("count"), cls("scan"), cls("scatter"))
+        return tuple(cls(s) for s in ("count", "scan", "scatter", "count_wide", "scatter_wide"))
 
 
 _COUNT = KernelTable(
@@ -49,10 +58,11 @@ _SCATTER = KernelTable(
 )  # fmt: skip
 
 
-def segment_steps(numel: int) -> int:
+def segment_steps(numel: int, num_experts: int) -> int:
     """32-entry steps per warp segment: at least SEGMENT_UNROLL, and few enough segments
-    (<= MAX_SEGMENTS) that the scan stays short."""
-    steps = max(SEGMENT_UNROLL, ceil_div(numel, 32 * MAX_SEGMENTS))
+    (<= MAX_SEGMENTS, and <= MAX_WORK / num_experts) that the scan stays short."""
+    max_segments = min(MAX_SEGMENTS, max(1, MAX_WORK // num_experts))
+    steps = max(SEGMENT_UNROLL, ceil_div(numel, 32 * max_segments))
     return ceil_div(steps, SEGMENT_UNROLL) * SEGMENT_UNROLL
 
 
@@ -71,7 +81,7 @@ def get_fused_mapping(
     Args:
         topk_idx: int64 (T, k), contiguous. -1 drops the slot; so does any other value outside
             [0, num_experts) (the original assumed there were none).
-        num_experts: E, 1 <= E <= 1024.
+        num_experts: E, 1 <= E <= 8192.
         num_expanded_tokens: rows N of the layout. 0: the upper bound T * k + (alignment - 1) * E
             rounded down to a multiple of alignment, and unless force_no_sync the per-expert row
             counts are copied to the host (one device sync) and the pos_* outputs trimmed to the
@@ -87,6 +97,12 @@ def get_fused_mapping(
         dropped slot; expert_start, expert_end, num_tokens_per_expert (E,) (the aligned row count,
         expert_end - expert_start); the list is num_tokens_per_expert.tolist() after the sync, else [].
         CPU tensors take the reference path (tilebake.torch.get_fused_mapping, same values).
+
+    Cost on a GPU: three launches (count, scan, scatter) over segments of topk_idx, plus a
+    segments x E count matrix. Up to 1024 experts each warp's counters are in shared memory;
+    from 1025 to 8192 they are in global memory (one more L2 round trip per 32 entries in the
+    scatter, global atomics in the count) and segments are longer (at most 2^18 / E of them).
+    On an H200 at 4096 tokens, k = 8 (no sync): 52 us at 1024 and at 1025 experts, 143 us at 8192.
     """
     num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
     if num_experts > MAX_EXPERTS:
@@ -95,7 +111,13 @@ def get_fused_mapping(
         from tilebake.torch.mapping import get_fused_mapping as reference
 
         return reference(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    return _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
 
+
+def _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):
+    """The kernel path of checked arguments (the tests also run it on CPU tensors through
+    build_tools/block_emu.py kernels put in the tables)."""
+    num_tokens, num_topk = topk_idx.shape
     should_sync = num_expanded_tokens == 0 and not force_no_sync
     if num_expanded_tokens == 0:
         num_expanded_tokens = mapping_size(num_tokens, num_topk, num_experts, alignment)
@@ -116,18 +138,19 @@ def get_fused_mapping(
         bounds.zero_()
     else:
         device = topk_idx.get_device()
-        steps = segment_steps(numel)
+        steps = segment_steps(numel, num_experts)
+        wide = "_wide" if num_experts > FAST_MAX_EXPERTS else ""
         num_segments = ceil_div(numel, 32 * steps)
         work = new((2 * num_segments + 1, num_experts), dtype=torch.int32)
         counts, offsets, totals = work[:num_segments], work[num_segments : 2 * num_segments], work[-1]
         idx, p2e = topk_idx.data_ptr(), pos_to_expert.data_ptr()
         p2t, p2tt = pos_to_token.data_ptr(), pos_to_token_topk.data_ptr()
-        _COUNT["count",](
+        _COUNT["count" + wide,](
             device, idx, counts.data_ptr(), p2e, p2t, p2tt, steps, numel, num_experts, num_segments,
             num_expanded_tokens,
         )  # fmt: skip
         _SCAN["scan",](device, counts.data_ptr(), offsets.data_ptr(), totals.data_ptr(), num_experts, num_segments)
-        _SCATTER["scatter",](
+        _SCATTER["scatter" + wide,](
             device, idx, offsets.data_ptr(), totals.data_ptr(), p2e, p2t, p2tt, token_topk_to_pos.data_ptr(),
             expert_start.data_ptr(), expert_end.data_ptr(), num_tokens_per_expert.data_ptr(), num_topk, alignment,
             steps, numel, num_experts, num_segments, num_expanded_tokens,

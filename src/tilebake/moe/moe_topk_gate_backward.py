@@ -1,9 +1,9 @@
 """moe_topk_gate_backward: the gradient of moe_topk_gate_forward's routing weights (and of the
 optional sequence-level aux loss on the normalised scores) w.r.t. the router logits.
 
-Validate, allocate, launch. The kernel is kernels_tl/moe/moe_topk_gate_backward.py (a warp per
-token); the reference (and the CPU path) is tilebake.torch.moe.moe_topk_gate_backward_ref,
-which computes in float64.
+Validate, allocate, launch. The kernels are kernels_tl/moe/moe_topk_gate_backward.py (a warp per
+token up to 1024 experts, a CTA of 256 threads per token beyond); the reference (and the CPU
+path) is tilebake.torch.moe.moe_topk_gate_backward_ref, which computes in float64.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
 from tilebake.moe.topk_gate import MAX_TOPK, check_scores
 
-# Experts a row may have, by variant: each lane of the token's warp holds max_experts / 32.
-MAX_EXPERTS = (256, 1024)
+# Experts a row may have, by variant. Up to 1024 (the fast variants) a token's warp holds the row,
+# max_experts / 32 a lane; the last (the general variant) spreads it over a CTA of BLOCK_THREADS.
+MAX_EXPERTS = (256, 1024, 8192)
+BLOCK_THREADS = 256
 # The kernel's `scoring` argument.
 SCORING_CODES = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
 
@@ -125,7 +127,7 @@ def moe_topk_gate_backward(
 
     Args:
         scores: fp32 (num_tokens, num_experts) = the forward's `scores` output, u =
-            score(logits) (1 <= num_experts <= 1024); last dim contiguous, any row stride.
+            score(logits) (1 <= num_experts <= 8192); last dim contiguous, any row stride.
         topk_idx: int64 (num_tokens, num_topk), num_topk <= min(num_experts, 32): logical
             expert indices; -1 (any index outside [0, num_experts) on a GPU) marks a masked
             slot, which contributes nothing. Duplicate indices add up.
@@ -146,6 +148,12 @@ def moe_topk_gate_backward(
         grad_logits, fp32 (num_tokens, num_experts). CPU tensors take the float64 reference
         (which raises ValueError for an index outside [-1, num_experts)). On a GPU the fp32
         result is within rtol 1e-5 + 1e-5 * max|grad| of the float64 value.
+
+    Cost on a GPU: the row is read and written once. Up to 1024 experts a warp per token;
+    from 1025 to 8192 a CTA of 256 threads per token, which adds two __syncthreads (the route
+    row in shared memory) and one per row sum (two with grad_scores_sum, one for softmax). On
+    an H200 at 4096 tokens, k = 8, with grad_scores_sum: 40 us at 1024 experts (fast), 125 us
+    at 1025 and 299 us at 8192 (900 GB/s).
     """
     _, routed_scaling_factor = check_arguments(
         scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
@@ -175,6 +183,17 @@ def _backward(
             grad_scores_sum,
         )  # fmt: skip
         return result if out is None else out.copy_(result)
+    return _launch(
+        scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum,
+        out,
+    )  # fmt: skip
+
+
+def _launch(
+    scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum, out
+):
+    """The kernel path of checked arguments (the tests also run it on CPU tensors through
+    build_tools/block_emu.py kernels put in _KERNELS)."""
     num_tokens, num_experts = scores.shape
     num_topk = topk_idx.shape[1]
     num_seqs = grad_scores_sum.shape[0] if grad_scores_sum is not None else 1
