@@ -11,13 +11,12 @@ slow-path check and call when every |l| of a SUB-column chunk is < 64 (kernels_t
 else __fdiv_rn; l / t is computed only when act is needed (topk weights or do_recompute). Clamp,
 topk weights and do_recompute are uniform branches; the satfinite e4m3 cvt clamps to +-448.
 
-Mapping: one CTA of 64 threads per row; every row is computed (the psum layout only zeroes e, and
-is searched only with topk weights). Paired loop (H % npc == 0, so the right half's SF groups line
-up with the left half's; always true for the plain variants and npc 32): in pass i thread tx owns
-left columns c = 16 * (i * 64 + tx) < H and right columns H + c. It loads x_left[c:c+16],
-x_right[c:c+16], act_x_grad[c:c+16] (and their input SFs) once, computes exp and sig once per
-pair, and writes d x_left, d x_right (and their e4m3 casts) and act_out; pass i + 1's vectors are
-loaded before pass i computes; the element math runs in chunks of SUB columns (register pressure).
+Mapping: one CTA of 64 threads per row; every row is computed (the psum layout, searched only
+with topk weights, only zeroes e). Paired loop (H % npc == 0: the halves' SF groups line up; always
+for the plain variants and npc 32): in pass i thread tx owns left columns c = 16 * (i * 64 + tx) < H
+and right columns H + c: one load of x_left, x_right, act_x_grad[c:c+16] (and input SFs), one exp
+and sig per pair, writes of d x_left, d x_right (their e4m3 casts) and act_out; pass i + 1's
+vectors are loaded before pass i computes; the math runs in chunks of SUB columns (registers).
 The split loop (H % 128 == 64 with npc 128) is the original mapping: in pass i thread tx owns 16
 columns c = 16 * (i * 64 + tx) of the 2H row, a left column giving d x_left[c], a right one
 d x_right[c - H], both reading x_left, x_right and act_x_grad at the same relative column. Either
@@ -44,9 +43,8 @@ THREADS = 64
 VEC = 16
 SUB = 4  # the paired loop computes a pass's VEC columns in chunks of SUB (register pressure)
 # CTAs per SM asked of ptxas (__launch_bounds__(64, n)), by (x dtype, act_x_grad dtype): more
-# resident warps hide the loads. bf16/e4m3 x with bf16 grads: 10 (96 registers on sm_90a, the
-# prefetched input SFs spilled to L1); fp32 grads need 8 (128 registers) not to spill in the
-# hot loop; fp32 x would spill heavily under a cap, so it keeps 1.
+# resident warps hide the loads. bf16/e4m3 x with bf16 grads: 10 (96 registers on sm_90a, at
+# most 16 bytes spilled); fp32 grads need 8 (128 registers, no spills); fp32 x keeps 1.
 MIN_CTAS_PER_SM = {("bf16", "bf16"): 10, ("e4m3", "bf16"): 10, ("e4m3", "fp32"): 8, ("fp32", "fp32"): 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
@@ -77,7 +75,7 @@ def build(v: SwigluBackwardVariant):
     sf_shape, sf_strides, sf_dtype = per_token_sf_buffer(num_tokens, 2 * hidden, npc, v.packed_ue8m0)
     num_groups = T.ceildiv(2 * hidden, npc)
 
-    def make_pair_math(xl, xr, gf, lc, rc, den, rcp, silu, sig, gws, big, ds, drs, acts, wg, e, has_weights, clamp_value):
+    def make_pair_math(xl, xr, gf, lc, rc, den, rcp, silu, sig, gws, big, ds, drs, acts, wg, e, has_weights, clamp):
         """The paired loop's element math for the SUB columns h * SUB + j of a pass (SUB-wide
         temporaries keep the live registers few): x_left, x_right, act_x_grad as fp32 in xl, xr,
         gf -> d x_left in ds, d x_right in drs, act_out in acts (if do_recompute), g * act added
@@ -89,11 +87,11 @@ def build(v: SwigluBackwardVariant):
         def pair_math(clamped, h, with_weights, need_act, do_recompute):
             for j in T.unroll(SUB):
                 if clamped:
-                    lc[j] = T.if_then_else(xl[h * SUB + j] > clamp_value, clamp_value, xl[h * SUB + j])
+                    lc[j] = T.if_then_else(xl[h * SUB + j] > clamp, clamp, xl[h * SUB + j])
                     rc[j] = T.if_then_else(
-                        xr[h * SUB + j] > clamp_value,
-                        clamp_value,
-                        T.if_then_else(xr[h * SUB + j] < -clamp_value, -clamp_value, xr[h * SUB + j]),
+                        xr[h * SUB + j] > clamp,
+                        clamp,
+                        T.if_then_else(xr[h * SUB + j] < -clamp, -clamp, xr[h * SUB + j]),
                     )
                 else:
                     lc[j] = xl[h * SUB + j]
@@ -118,14 +116,13 @@ def build(v: SwigluBackwardVariant):
                 for j in T.unroll(SUB):
                     gws[j] = T.ieee_mul(gf[h * SUB + j], sig[j])
             for j in T.unroll(SUB):
-                dl = T.ieee_mul(
-                    T.ieee_mul(gws[j], rc[j]), T.ieee_fmaf(lc[j], T.ieee_sub(T.float32(1), sig[j]), T.float32(1))
-                )
+                fma = T.ieee_fmaf(lc[j], T.ieee_sub(T.float32(1), sig[j]), T.float32(1))
+                dl = T.ieee_mul(T.ieee_mul(gws[j], rc[j]), fma)
                 dr = T.ieee_mul(gws[j], lc[j])
                 if clamped:
-                    ds[h * SUB + j] = T.if_then_else(xl[h * SUB + j] > clamp_value, T.float32(0), dl)
+                    ds[h * SUB + j] = T.if_then_else(xl[h * SUB + j] > clamp, T.float32(0), dl)
                     drs[h * SUB + j] = T.if_then_else(
-                        T.Or(xr[h * SUB + j] > clamp_value, xr[h * SUB + j] < -clamp_value), T.float32(0), dr
+                        T.Or(xr[h * SUB + j] > clamp, xr[h * SUB + j] < -clamp), T.float32(0), dr
                     )
                 else:
                     ds[h * SUB + j] = dl

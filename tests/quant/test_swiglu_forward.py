@@ -36,11 +36,14 @@ def run(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, count
 
 
 def check(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, sf_mode=(False, False), col=False):
+    """Kernel (or CPU path) against the reference; clamped_count is passed with psum or a clamp."""
     counts = torch.full((4,), 7, dtype=torch.int64, device=x.device)  # accumulated into, not overwritten
     expected_counts = counts.clone()
-    expected = reference(x, fmt, npc, psum, weights, scale, clamp, expected_counts, sf_mode, col)
+    with_counts = psum is not None or clamp is not None
+    expected = reference(x, fmt, npc, psum, weights, scale, clamp, expected_counts if with_counts else None,
+                         sf_mode, col)  # fmt: skip
     poison_allocator(x.device)
-    got = run(x, fmt, npc, psum, weights, scale, clamp, counts, sf_mode, col)
+    got = run(x, fmt, npc, psum, weights, scale, clamp, counts if with_counts else None, sf_mode, col)
     if fmt in ("bf16", "fp32"):
         assert_bytes_equal(got, expected, "y")
     else:
