@@ -1,27 +1,27 @@
 """Fused SwiGLU forward for MoE experts, optionally with a per-token FP8 e4m3 cast, as a TileLang factory.
 
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
-arithmetic is the one written out in src/tilebake/torch/swiglu.py (its bit-exact reference):
-every multiply and add is an explicit __fmul_rn/__fadd_rn, so nvcc cannot contract them into
-FMAs that the eager torch reference does not do; exp is the accurate expf. The division
-x / (1 + exp(-x)) is correctly rounded without CUDA's slow-path check and call when every |x| of a
-thread's 16 columns is < 64 (kernels_tl/quant/common.py div_rn_into; the rare other chunks take
-__fdiv_rn). The cast follows kernels_tl/quant/per_token_cast.py (../shared/spec/numerics.md);
-its satfinite cvt does the clamp to +-448.
+arithmetic is TileKernels 2.1.0's, written out in src/tilebake/torch/swiglu.py (the bit-exact
+reference): t = 1 + exp(-l) with the accurate expf, out = (l / t) * r, times e = w * s (once per
+row) with topk weights. Every multiply and add is an explicit __fmul_rn/__fadd_rn, so nvcc cannot
+contract them into FMAs. The division l / t is correctly rounded without CUDA's slow-path check
+and call when every |l| of a thread's 16 columns is < 64 (kernels_tl/quant/common.py div_rn_into;
+the rare other chunks take __fdiv_rn). The cast follows kernels_tl/quant/per_token_cast.py
+(../shared/spec/numerics.md); its satfinite cvt does the clamp to +-448.
 
 Per element (bf16 -> e4m3, no clamp) the hot path is about 30 SASS instructions (expf 8, the
-division 6, 3 multiplies, conversions, amax, cvt), within the ~35 that 4.3 TB/s allows. Clamp,
-topk weights, routed_scaling_factor and padding rows are uniform branches, not per-element selects.
+division 6, 2 multiplies, conversions, amax, cvt), within the ~35 that 4.3 TB/s allows. Clamp
+and topk weights are uniform branches, not per-element selects.
 
-Mapping: one CTA of 64 threads per row (a row is E's slot in the psum layout); thread tx owns
-16 consecutive output columns j = 16 * (i * 64 + tx) in pass i, reading x_left[j:j+16] and
-x_right[j:j+16]; pass i + 1's vectors are loaded before pass i computes, so a thread always has a
-load in flight while it works through the serial expf/division chains.
-`npc / 16` consecutive lanes share an SF group and reduce its amax with warp
-shuffles (64 * 16 columns per pass is a multiple of every group width). The row's validity is
-found once per CTA by a binary search of psum (`search_steps` = num_experts.bit_length() steps).
-Padding rows read nothing and write +0 (and a zero row's scale). Clamp statistics are reduced
-per row and written to a (num_tokens, 4) int32 buffer that the host sums (no atomics).
+Mapping: one CTA of 64 threads per row; every row is computed, padding rows of the psum layout
+too (2.1.0 does). Thread tx owns 16 consecutive output columns j = 16 * (i * 64 + tx) in pass i,
+reading x_left[j:j+16] and x_right[j:j+16]; pass i + 1's vectors are loaded before pass i
+computes, so a thread always has a load in flight while it works through the serial expf/division
+chains. `npc / 16` consecutive lanes share an SF group and reduce its amax with warp shuffles
+(64 * 16 columns per pass is a multiple of every group width). Clamp statistics are reduced per
+row and written to a (num_tokens, 4) int32 buffer that the host sums (no atomics); only there does
+the psum layout matter: a binary search of psum (`search_steps` = num_experts.bit_length() steps,
+once per CTA) finds whether the row is an expert's, and padding rows write zero counts.
 """
 
 import tilelang.language as T
@@ -90,12 +90,11 @@ def build(v: SwigluForwardVariant):
             T.assume(y_stride % 16 == 0)
             T.assume(hidden % 64 == 0)
             tx = T.get_thread_binding(0)
-            valid = T.alloc_local((1,), "int32")  # is this row an expert's slot? uniform per CTA
-            psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment)
-            w = T.alloc_var("float32")
-            w = T.float32(1)
+            valid = T.alloc_local((1,), "int32")  # is this row an expert's slot? (clamp counts only)
+            e = T.alloc_var("float32")  # the row's factor w * s (s = 1.0 when not given: the same result)
+            e = T.float32(1)
             if has_weights != 0:
-                w = W[row]
+                e = T.ieee_mul(W[row], scale)
             ls = T.alloc_local((VEC,), in_dtype)
             rs = T.alloc_local((VEC,), in_dtype)
             nls = T.alloc_local((VEC,), in_dtype)  # the next pass's vectors, loaded before this pass computes
@@ -113,8 +112,8 @@ def build(v: SwigluForwardVariant):
             red = T.alloc_shared((THREADS // 32, 3), "int32")
             for k in T.unroll(3):
                 counts[k] = 0
-            # Pass 0's vectors (zeros for padding rows and columns past the row, as every pass).
-            if valid[0] != 0 and tx * VEC < hidden:
+            # Pass 0's vectors (zeros for columns past the row, as every pass).
+            if tx * VEC < hidden:
                 for j in T.vectorized(VEC):
                     nls[j] = X[row, tx * VEC + j]
                 for j in T.vectorized(VEC):
@@ -131,7 +130,7 @@ def build(v: SwigluForwardVariant):
                 for j in T.vectorized(VEC):
                     rs[j] = nrs[j]
                 # Prefetch pass i + 1 so its loads are in flight while pass i computes.
-                if valid[0] != 0 and ((i + 1) * THREADS + tx) * VEC < hidden:
+                if ((i + 1) * THREADS + tx) * VEC < hidden:
                     for j in T.vectorized(VEC):
                         nls[j] = X[row, ((i + 1) * THREADS + tx) * VEC + j]
                     for j in T.vectorized(VEC):
@@ -141,41 +140,32 @@ def build(v: SwigluForwardVariant):
                         nls[j] = T.cast(0, in_dtype)
                     for j in T.vectorized(VEC):
                         nrs[j] = T.cast(0, in_dtype)
-                if valid[0] != 0:
+                for j in T.unroll(VEC):
+                    xl[j] = T.cast(ls[j], "float32")
+                    xr[j] = T.cast(rs[j], "float32")
+                if clamp_value <= FLT_MAX:  # uniform: without a clamp (inf) no element is clamped
                     for j in T.unroll(VEC):
-                        xl[j] = T.cast(ls[j], "float32")
-                        xr[j] = T.cast(rs[j], "float32")
-                    if clamp_value <= FLT_MAX:  # uniform: without a clamp (inf) no element is clamped
-                        for j in T.unroll(VEC):
-                            counts[0] += T.if_then_else(xl[j] > clamp_value, 1, 0)
-                            counts[1] += T.if_then_else(xr[j] > clamp_value, 1, 0)
-                            counts[2] += T.if_then_else(xr[j] < -clamp_value, 1, 0)
-                            xl[j] = T.if_then_else(xl[j] > clamp_value, clamp_value, xl[j])
-                            xr[j] = T.if_then_else(xr[j] > clamp_value, clamp_value, xr[j])
-                            xr[j] = T.if_then_else(xr[j] < -clamp_value, -clamp_value, xr[j])
-                    big[0] = T.float32(0)  # max |x_left'| (NaN ignored: it propagates through either path)
+                        counts[0] += T.if_then_else(xl[j] > clamp_value, 1, 0)
+                        counts[1] += T.if_then_else(xr[j] > clamp_value, 1, 0)
+                        counts[2] += T.if_then_else(xr[j] < -clamp_value, 1, 0)
+                        xl[j] = T.if_then_else(xl[j] > clamp_value, clamp_value, xl[j])
+                        xr[j] = T.if_then_else(xr[j] > clamp_value, clamp_value, xr[j])
+                        xr[j] = T.if_then_else(xr[j] < -clamp_value, -clamp_value, xr[j])
+                big[0] = T.float32(0)  # max |l| (NaN ignored: it propagates through either path)
+                for j in T.unroll(VEC):
+                    den[j] = T.ieee_add(T.float32(1), T.exp(-xl[j]))  # t; T.exp is expf
+                    big[0] = T.max(big[0], T.abs(xl[j]))
+                if big[0] < T.float32(FAST_DIV_MAX_ABS_X):
+                    reciprocal_into(rcp, den, VEC)
+                    div_rn_into(silu, xl, den, rcp, VEC)
+                else:  # rare (|l| >= 64, inf): the division with CUDA's slow path
                     for j in T.unroll(VEC):
-                        den[j] = T.ieee_add(T.float32(1), T.exp(-xl[j]))
-                        big[0] = T.max(big[0], T.abs(xl[j]))
-                    if big[0] < T.float32(FAST_DIV_MAX_ABS_X):
-                        reciprocal_into(rcp, den, VEC)
-                        div_rn_into(silu, xl, den, rcp, VEC)
-                    else:  # rare (|x| >= 64, inf): the division with CUDA's slow path
-                        for j in T.unroll(VEC):
-                            silu[j] = T.ieee_fdiv(xl[j], den[j])
-                    # (silu * x_right') * w * s; a factor of 1 (not given) is skipped: ys is already the
-                    # result of a multiply (NaNs canonical), so * 1 would not change a bit.
+                        silu[j] = T.ieee_fdiv(xl[j], den[j])
+                for j in T.unroll(VEC):
+                    ys[j] = T.ieee_mul(silu[j], xr[j])
+                if has_weights != 0:
                     for j in T.unroll(VEC):
-                        ys[j] = T.ieee_mul(silu[j], xr[j])
-                    if has_weights != 0:
-                        for j in T.unroll(VEC):
-                            ys[j] = T.ieee_mul(ys[j], w)
-                    if scale != T.float32(1):
-                        for j in T.unroll(VEC):
-                            ys[j] = T.ieee_mul(ys[j], scale)
-                else:
-                    for j in T.unroll(VEC):
-                        ys[j] = T.float32(0)
+                        ys[j] = T.ieee_mul(ys[j], e)
                 if quantize:
                     owner = col < hidden and (tx % lanes) == 0
                     group_scale_into(inv, ys, scale_spec, amax_clamp, S, row, col // npc, num_groups, owner)
@@ -188,7 +178,8 @@ def build(v: SwigluForwardVariant):
                     for j in T.vectorized(VEC):
                         Y[row, (i * THREADS + tx) * VEC + j] = outs[j]
             if count_clamps != 0:
-                # Warp sums, then the CTA's; written by thread 0 (padding rows write zeros).
+                # Warp sums, then the CTA's; written by thread 0, zeros for padding rows.
+                psum_row_valid(valid, P, row, use_psum, num_experts, search_steps, alignment)
                 for k in T.unroll(3):
                     for s in T.unroll(5):
                         counts[k] += T.shfl_xor(counts[k], 16 >> s)
@@ -198,7 +189,7 @@ def build(v: SwigluForwardVariant):
                 T.sync_threads()
                 if tx == 0:
                     for k in T.unroll(3):
-                        C[row, k] = red[0, k] + red[1, k]
+                        C[row, k] = valid[0] * (red[0, k] + red[1, k])
                     C[row, 3] = valid[0] * hidden
 
     return swiglu_forward_kernel

@@ -1,4 +1,4 @@
-"""Inputs shared by the SwiGLU tests: expert (psum) layouts and values over many binades."""
+"""Inputs shared by the SwiGLU tests: expert (psum) layouts, the GPU shapes and values over many binades."""
 
 import torch
 
@@ -14,6 +14,32 @@ def psum_layout(counts, alignment=128, extra_rows=0, device="cpu"):
         psum.append(end)
     rows = -(-end // alignment) * alignment + extra_rows
     return torch.tensor(psum, dtype=torch.int32, device=device), rows
+
+
+def psum_layout_rows(counts, rows, alignment=128, device="cpu"):
+    """psum_layout with exactly `rows` rows (the rows past the last expert are padding)."""
+    psum, aligned_rows = psum_layout(counts, alignment)
+    assert aligned_rows <= rows, (aligned_rows, rows)
+    return psum.to(device), rows
+
+
+def gpu_shapes(seed):
+    """(rows, hidden, psum) of the GPU tests: 1 row; 8001 rows in a 62-expert layout with empty
+    experts, odd counts and padding (H % 128 == 64, and a 2-pass row); a wide layer with a few
+    experts. Whether a test passes the psum is its choice."""
+    g = torch.Generator().manual_seed(seed)
+    psum_8k, _ = psum_layout_rows(random_counts(62, 60, g), 8001)
+    psum_small, rows_small = psum_layout([1, 0, 129, 3])
+    return [
+        (1, 64, torch.tensor([1], dtype=torch.int32)),
+        (8001, 192, psum_8k),
+        (8001, 2048, psum_8k),
+        (rows_small, 7168, psum_small),
+    ]
+
+
+def shape_id(shape):
+    return f"E{shape[0]}-H{shape[1]}"
 
 
 def random_counts(num_experts, mean, generator=None):
@@ -47,12 +73,12 @@ def poison_allocator(device, nbytes=1 << 30):
 
 
 def division_domain_x(dtype, device, hidden=1024):
-    """(rows, 2 * hidden) x for the exactness of silu = x / (1 + exp(-x)) and sig = 1 / (1 + exp(-x)),
+    """(rows, 2 * hidden) x for the exactness of act = x / (1 + exp(-x)) and sig = 1 / (1 + exp(-x)),
     which the kernels divide without CUDA's slow path when every |x| of a thread's chunk is < 64.
     x_left: bf16 -- every finite bf16 bit pattern, in bit order (so most 16-element chunks share one
     binade and take the fast path; inf/NaN patterns become 0); fp32 -- 2^20 values log-uniform over
     2^-140 .. 2^7 (subnormals included) of both signs, +-0 mixed in. x_right = 1 and a unit
-    act_x_grad make y = silu, d x_right = silu and d x_left = dsilu exactly."""
+    act_x_grad make out = act, d x_right = sig * x and d x_left = sig * fma(x, 1 - sig, 1) exactly."""
     if dtype == torch.bfloat16:
         bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
         left = bits.view(torch.bfloat16).float()

@@ -1,16 +1,19 @@
-"""swiglu_backward / swiglu_backward_and_per_token_cast: argument checks, the CPU path, the
-reference against float64 autograd (CPU), and GPU results against the reference
-(tilebake.torch.swiglu_backward + tilebake.torch.cast): x_grad, its FP8 copy and SF, act_out
-bit-exact; weight_grad, a reduction summed in another order, within a stated bound."""
+"""swiglu_backward / swiglu_backward_and_per_token_cast: argument checks, the CPU path and 2.1.0's
+semantics (CPU: the returned tuples, e = 0 on padding rows only with weights, s only with them,
+the exact fma emulation), the reference against float64 autograd, and GPU results against the
+reference evaluated on the same CUDA device (tilebake.torch.swiglu_backward +
+tilebake.torch.cast): x_grad, its FP8 copy and SF, act_out bit-exact; weight_grad, a reduction
+summed in another order, within rtol 1e-5 of sum_h |g * act| * |s|."""
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal
-from tests.quant.swiglu_inputs import division_domain_x, make_x, poison_allocator, psum_layout, random_counts
+from tests.quant.swiglu_inputs import division_domain_x, gpu_shapes, make_x, poison_allocator, psum_layout, shape_id
 
 F = tilebake.quant
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -24,9 +27,8 @@ def quantize(x, npc):
 def reference(x, g, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, recompute=False,
               sf_mode=(False, False), col=False):  # fmt: skip
     """The expected outputs in the op's return order (weight_grad as the fp64-summed reference)."""
-    dx, wg, act = tilebake.torch.swiglu_backward(
-        x, g, psum, weights, scale, clamp, tilebake.config.get_token_alignment(), npc
-    )
+    outs = tilebake.torch.swiglu_backward(x, g, psum, weights, scale, clamp, tilebake.config.get_token_alignment(), npc)
+    dx, wg, act = (outs[0], None, outs[1]) if weights is None else outs
     if npc is None:
         out = (dx.to(DTYPES[fmt]),)
     else:
@@ -90,33 +92,95 @@ def check(x, g, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, 
 # --- CPU: the reference, the slow path and argument checks ---
 
 
-def test_reference_matches_float64_autograd():
+@pytest.mark.parametrize("with_weights", [True, False], ids=["weights", "no-weights"])
+def test_reference_matches_float64_autograd(with_weights):
     E, H, c, s = 33, 192, 2.0, 1.5
     x = make_x(E, 2 * H, torch.float32, "cpu")
     g = torch.randn(E, H)
     w = torch.rand(E)
     x64 = x.double().requires_grad_()
     w64 = w.double().requires_grad_()
-    y = torch.nn.functional.silu(x64[:, :H].clamp(max=c)) * x64[:, H:].clamp(-c, c) * w64[:, None] * s
+    y = torch.nn.functional.silu(x64[:, :H].clamp(max=c)) * x64[:, H:].clamp(-c, c)
+    if with_weights:
+        y = y * w64[:, None] * s
     y.backward(g.double())
-    dx, wg, act = tilebake.torch.swiglu_backward(x, g, None, w, s, c)
+    outs = tilebake.torch.swiglu_backward(x, g, None, w if with_weights else None, s, c)
+    assert len(outs) == (3 if with_weights else 2)
+    dx, act = outs[0], outs[-1]
     scale = x64.grad.abs().amax(dim=1, keepdim=True) + 1e-30
     assert ((dx.double() - x64.grad).abs() / scale).max() < 1e-5
-    torch.testing.assert_close(wg.double(), w64.grad, rtol=1e-5, atol=1e-6)
+    if with_weights:
+        torch.testing.assert_close(outs[1].double(), w64.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(act.double(), y.detach(), rtol=1e-5, atol=1e-30)
     # Clamped elements get exactly zero gradient.
     assert torch.all(dx[:, :H][x[:, :H] > c] == 0) and torch.all(dx[:, H:][x[:, H:].abs() > c] == 0)
-    # The recomputed activation is the forward's, bit for bit.
-    assert torch.equal(act, tilebake.torch.swiglu_forward(x, None, w, s, c))
+    # The recomputed activation is the forward's, bit for bit (s ignored without weights).
+    assert torch.equal(act, tilebake.torch.swiglu_forward(x, None, w if with_weights else None, s, c))
 
 
-def test_reference_padding_rows_are_zero():
+def test_reference_arithmetic_is_2_1_0s():
+    """gws = (g * e) * sig, d l = (gws * r) * fma(l, 1 - sig, 1), d r = gws * l, written out
+    (the fma by fma32, which test_fma32_is_exactly_rounded checks)."""
+    E, H, s = 65, 128, 0.7
+    x, g, w = make_x(E, 2 * H, torch.float32, "cpu"), torch.randn(E, H), torch.rand(E)
+    left, right = x[:, :H], x[:, H:]
+    t = 1 + torch.exp(-left)
+    sig = torch.ones_like(t) / t
+    gws = (g * (w * torch.tensor(s))[:, None]) * sig
+    fma = tilebake.torch.swiglu.fma32(left, 1 - sig, torch.ones_like(t))
+    dx, wg, act = tilebake.torch.swiglu_backward(x, g, None, w, s)
+    assert torch.equal(dx, torch.cat([(gws * right) * fma, gws * left], dim=1))
+    assert torch.equal(act, left / t * right * (w * torch.tensor(s))[:, None])
+    dx_plain, act_plain = tilebake.torch.swiglu_backward(x, g, None, None, s)
+    assert torch.equal(dx_plain, torch.cat([(g * sig * right) * fma, g * sig * left], dim=1))
+    assert torch.equal(act_plain, left / t * right)
+
+
+def test_reference_psum_rows():
+    """With weights, padding rows have e = 0: +-0 gradients and act_out, weight_grad +0. Without
+    weights psum is not used: every row is computed from whatever the inputs hold."""
     psum, rows = psum_layout([3, 0, 5], extra_rows=2)
-    x, g = make_x(rows, 128, torch.float32, "cpu"), torch.randn(rows, 64)
-    dx, wg, act = tilebake.torch.swiglu_backward(x, g, psum, torch.rand(rows), -2.0, None)
+    x, g, w = make_x(rows, 128, torch.float32, "cpu"), torch.randn(rows, 64), torch.rand(rows)
+    dx, wg, act = tilebake.torch.swiglu_backward(x, g, psum, w, -2.0, None)
     valid = tilebake.torch.get_mapping_from_psum(psum, rows, 128) >= 0
-    for t in (dx[~valid], wg[~valid], act[~valid]):
-        assert torch.all(t == 0) and not torch.signbit(t).any()
+    assert torch.all(dx[~valid] == 0) and torch.all(act[~valid] == 0)
+    assert torch.all(wg[~valid] == 0) and not torch.signbit(wg[~valid]).any()
+    full = tilebake.torch.swiglu_backward(x, g, None, w, -2.0, None)
+    for a, b in zip((dx, wg, act), full):
+        assert torch.equal(a[valid], b[valid])
+    plain = tilebake.torch.swiglu_backward(x, g, psum, None, -2.0, None)
+    assert (plain[0][~valid] != 0).any()
+    for a, b in zip(plain, tilebake.torch.swiglu_backward(x, g)):
+        assert_bytes_equal(a, b, "no weights: psum and s unused")
+
+
+def _fp32_nearest(exact):
+    """The fp32 nearest to a Fraction, ties to even (the oracle of an fma)."""
+    import numpy as np
+
+    f = np.float32(float(exact))
+    candidates = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+    return min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.int32)) & 1))
+
+
+def test_fma32_is_exactly_rounded():
+    """tilebake.torch.swiglu.fma32 against exact rational arithmetic on near-midpoint cases
+    (where fp64 evaluation then rounding to fp32 rounds twice wrongly) and SwiGLU's domain."""
+    g = torch.Generator().manual_seed(5)
+    n = 4000
+    a = 1 + torch.randint(0, 1 << 23, (n,), generator=g).float() * 2.0**-23
+    b = ((2.0**-24 + torch.randint(-4, 5, (n,), generator=g).double() * 2.0**-50) / a.double()).float()
+    l = torch.randn(n, generator=g) * torch.exp2(torch.randint(-30, 8, (n,), generator=g).float())
+    sig = 1 / (1 + torch.exp(-l))
+    a, b = torch.cat([a, l]), torch.cat([b, 1 - sig])
+    c = torch.ones_like(a)
+    got = tilebake.torch.swiglu.fma32(a, b, c)
+    want = torch.tensor(
+        [float(_fp32_nearest(Fraction(p) * Fraction(q) + 1)) for p, q in zip(a.tolist(), b.tolist())]
+    ).float()
+    assert_bytes_equal(got, want, "fma32")
+    naive = (a.double() * b.double() + 1).float()
+    assert not torch.equal(naive, want)  # the cases do reach the double rounding
 
 
 CAST_MODES = [
@@ -155,6 +219,25 @@ def test_cpu_empty():
         (x.to(torch.float8_e4m3fn), torch.empty(0, 2)), g, "e4m3", 128, topk_weights=torch.empty(0)
     )
     assert dx.shape == (0, 256) and q.shape == (0, 256) and sf.shape == (0, 2) and wg.shape == (0,)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["", "recompute"])
+@pytest.mark.parametrize("with_weights", [False, True], ids=["", "weights"])
+def test_cpu_returned_tuples(with_weights, recompute):
+    """api.md 1.2.2: x_grad, [(x_grad_fp8, sf)], [weight_grad if topk_weights], [act_out if
+    do_recompute]."""
+    x, g = make_x(5, 256, torch.bfloat16, "cpu"), make_x(5, 128, torch.bfloat16, "cpu")
+    w = torch.rand(5) if with_weights else None
+    plain = F.swiglu_backward(x, g, "fp32", None, w, 2.0, None, recompute)
+    cast = F.swiglu_backward_and_per_token_cast(quantize(x, 32), g, "e4m3", 32, None, w, 2.0, do_recompute=recompute)
+    assert len(plain) == 1 + with_weights + recompute and len(cast) == 2 + with_weights + recompute
+    assert plain[0].dtype == torch.float32 and plain[0].shape == (5, 256)
+    assert cast[0].dtype == torch.bfloat16 and cast[1][0].dtype == torch.float8_e4m3fn and cast[1][1].shape == (5, 8)
+    for outs in (plain, cast):
+        if with_weights:
+            assert outs[-1 - recompute].dtype == torch.float32 and outs[-1 - recompute].shape == (5,)
+        if recompute:
+            assert outs[-1].dtype == torch.bfloat16 and outs[-1].shape == (5, 128)
 
 
 X = torch.zeros(4, 256, dtype=torch.bfloat16)
@@ -211,56 +294,59 @@ def test_cast_rejects_bad_arguments(overrides, exc, message):
 # --- GPU ---
 
 
-def gpu_shapes():
-    g = torch.Generator().manual_seed(2)
-    psum_8k, rows_8k = psum_layout(random_counts(64, 60, g), extra_rows=41)
-    psum_small, rows_small = psum_layout([1, 0, 129, 3])
-    return [(1, 64, None), (127, 192, None), (rows_8k, 2048, psum_8k), (rows_small, 7168, psum_small)]
+SHAPES = gpu_shapes(2)
+SHAPE_IDS = [shape_id(s) for s in SHAPES]
 
 
-SHAPES = gpu_shapes()
-SHAPE_IDS = [f"E{r}-H{h}{'-psum' if p is not None else ''}" for r, h, p in SHAPES]
+def all_or_none(options, rows, psum):
+    """Keyword arguments: psum, topk weights, s, clamp and do_recompute, or none of them."""
+    if options == "none":
+        return {}
+    weights = torch.rand(rows, device="cuda") * 2 - 0.5
+    return dict(psum=psum.cuda(), weights=weights, scale=1.5, clamp=4.0, recompute=True)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("options", ["all", "none"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp32"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_gpu_plain_bit_exact(shape, dtype, fmt):
+def test_gpu_plain_bit_exact(shape, dtype, fmt, options):
     rows, hidden, psum = shape
-    psum = None if psum is None else psum.cuda()
     x, g = make_x(rows, 2 * hidden, DTYPES[dtype], "cuda"), make_x(rows, hidden, DTYPES[dtype], "cuda")
-    weights = torch.rand(rows, device="cuda") * 2 - 0.5
-    check(x, g, fmt, None, psum, weights, 1.5, 4.0, True)
+    check(x, g, fmt, None, **all_or_none(options, rows, psum))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("options", ["all", "none"])
 @pytest.mark.parametrize("npc,sf_mode,col", CAST_MODES, ids=CAST_IDS)
 @pytest.mark.parametrize("grad_dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_gpu_cast_bit_exact(shape, grad_dtype, npc, sf_mode, col):
+def test_gpu_cast_bit_exact(shape, grad_dtype, npc, sf_mode, col, options):
     rows, hidden, psum = shape
-    psum = None if psum is None else psum.cuda()
     x = quantize(make_x(rows, 2 * hidden, torch.bfloat16, "cuda"), npc)
     g = make_x(rows, hidden, DTYPES[grad_dtype], "cuda")
-    weights = torch.rand(rows, device="cuda") * 2 - 0.5
-    check(x, g, "e4m3", npc, psum, weights, 1.5, 4.0, True, sf_mode, col)
+    check(x, g, "e4m3", npc, **all_or_none(options, rows, psum), sf_mode=sf_mode, col=col)
+
+
+OPTIONS = ["weights", "weights-scale", "scale", "clamp", "psum", "recompute", "psum-weights-recompute", "psum-clamp"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("options", ["none", "weights", "scale", "clamp", "psum", "recompute"])
+@pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize("cast", [False, True], ids=["plain", "cast"])
-def test_gpu_each_option_alone(cast, options):
-    """Each optional argument alone; strided rows of x and act_x_grad; a column-major input SF."""
+def test_gpu_option_subsets(cast, options):
+    """Subsets of the optional arguments (s and psum alone are unused); strided rows of x and
+    act_x_grad; a column-major input SF."""
     psum, rows = psum_layout([100, 0, 300, 1], extra_rows=5, device="cuda")
     hidden = 1024
     g = make_x(rows, hidden + 64, torch.bfloat16, "cuda")[:, :hidden]
     kwargs = dict(
-        psum=psum if options == "psum" else None,
-        weights=torch.randn(rows, device="cuda") if options == "weights" else None,
-        scale=0.3 if options == "scale" else None,
-        clamp=0.5 if options == "clamp" else None,
-        recompute=options == "recompute",
+        psum=psum if "psum" in options else None,
+        weights=torch.randn(rows, device="cuda") if "weights" in options else None,
+        scale=0.3 if "scale" in options else None,
+        clamp=0.5 if "clamp" in options else None,
+        recompute="recompute" in options,
     )
     if cast:
         data, sf = quantize(make_x(rows, 2 * hidden, torch.bfloat16, "cuda"), 128)
@@ -277,12 +363,13 @@ def test_gpu_each_option_alone(cast, options):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gpu_exact_over_the_division_domain(dtype):
-    """d x_left = dsilu(x_left) and d x_right = silu(x_left) bit for bit (x_right = 1, act_x_grad = 1)
-    for every finite bf16 x_left, or 2^20 fp32 values over all binades: the kernel's divisions
-    (silu and sig = 1 / den) without a slow path (|x| < 64) and their fallback."""
+    """d x_left = sig * fma(x, 1 - sig, 1), d x_right = sig * x and act_out = x / t bit for bit
+    (x_right = 1, act_x_grad = 1) for every finite bf16 x_left, or 2^20 fp32 values over all
+    binades: the kernel's divisions (l / t and sig = 1 / t) without a slow path (|x| < 64) and
+    their fallback."""
     x = division_domain_x(DTYPES[dtype], "cuda")
     g = torch.ones(x.shape[0], x.shape[1] // 2, dtype=DTYPES[dtype], device="cuda")
-    check(x, g, "fp32")
+    check(x, g, "fp32", recompute=True)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,8 @@
-"""swiglu_forward / swiglu_forward_and_per_token_cast: argument checks and the CPU path (CPU),
-the reference against float64 autograd-free math, and bit-exact GPU results against the
-reference (tilebake.torch.swiglu_forward + tilebake.torch.cast): outputs, SF and clamp counts."""
+"""swiglu_forward / swiglu_forward_and_per_token_cast: argument checks, the CPU path and 2.1.0's
+semantics (CPU: every row computed, s only with the weights, e = w * s once per row), the
+reference against float64 math, and bit-exact GPU results against the reference evaluated on
+the same CUDA device (tilebake.torch.swiglu_forward + tilebake.torch.cast): outputs, SF and
+clamp counts."""
 
 import math
 
@@ -9,7 +11,7 @@ import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal
-from tests.quant.swiglu_inputs import division_domain_x, make_x, poison_allocator, psum_layout, random_counts
+from tests.quant.swiglu_inputs import division_domain_x, gpu_shapes, make_x, poison_allocator, psum_layout, shape_id
 
 F = tilebake.quant
 
@@ -34,11 +36,14 @@ def run(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, count
 
 
 def check(x, fmt, npc=None, psum=None, weights=None, scale=None, clamp=None, sf_mode=(False, False), col=False):
+    """Kernel (or CPU path) against the reference; clamped_count is passed with psum or a clamp."""
     counts = torch.full((4,), 7, dtype=torch.int64, device=x.device)  # accumulated into, not overwritten
     expected_counts = counts.clone()
-    expected = reference(x, fmt, npc, psum, weights, scale, clamp, expected_counts, sf_mode, col)
+    with_counts = psum is not None or clamp is not None
+    expected = reference(x, fmt, npc, psum, weights, scale, clamp, expected_counts if with_counts else None,
+                         sf_mode, col)  # fmt: skip
     poison_allocator(x.device)
-    got = run(x, fmt, npc, psum, weights, scale, clamp, counts, sf_mode, col)
+    got = run(x, fmt, npc, psum, weights, scale, clamp, counts if with_counts else None, sf_mode, col)
     if fmt in ("bf16", "fp32"):
         assert_bytes_equal(got, expected, "y")
     else:
@@ -76,17 +81,55 @@ def test_reference_matches_float64_formula():
 
 
 def test_reference_psum_padding_and_counts():
+    """The psum layout only selects the rows clamped_count counts: every row's output is
+    computed, padding rows and rows past the last expert included (2.1.0 does)."""
     psum, rows = psum_layout([3, 0, 130, 0, 5], extra_rows=7)
     mapping = tilebake.torch.get_mapping_from_psum(psum, rows, 128)
     assert mapping.tolist() == [0] * 3 + [-1] * 125 + [2] * 130 + [-1] * 126 + [4] * 5 + [-1] * (123 + 7)
     x = make_x(rows, 128, torch.float32, "cpu")
+    w = torch.rand(rows)
     counts = torch.zeros(4, dtype=torch.int64)
-    y = tilebake.torch.swiglu_forward(x, psum, None, None, 1.0, counts)
+    y = tilebake.torch.swiglu_forward(x, psum, w, 2.0, 1.0, counts)
     valid = mapping >= 0
-    assert torch.all(y[~valid] == 0) and not torch.signbit(y[~valid]).any()
+    assert (y[~valid] != 0).any()
+    assert torch.equal(y, tilebake.torch.swiglu_forward(x, None, w, 2.0, 1.0))
     left, right = x[valid, :64], x[valid, 64:]
     assert counts.tolist() == [(left > 1).sum(), (right > 1).sum(), (right < -1).sum(), int(valid.sum()) * 64]
-    assert torch.equal(y[valid], tilebake.torch.swiglu_forward(x[valid], None, None, None, 1.0))
+
+
+def test_reference_arithmetic_is_2_1_0s():
+    """out = (l / (1 + exp(-l))) * r, times e = w * s formed once per row; s is not applied
+    without weights. ((act * w) * s, the old order, differs in some elements.)"""
+    x = make_x(257, 2 * 192, torch.float32, "cpu")
+    w, s = torch.rand(257) * 2 - 0.5, 1.7
+    left, right = x[:, :192], x[:, 192:]
+    act = left / (1 + torch.exp(-left)) * right
+    e = (w * torch.tensor(s))[:, None]
+    y = tilebake.torch.swiglu_forward(x, None, w, s)
+    assert torch.equal(y, act * e)
+    assert not torch.equal(y, act * w[:, None] * torch.tensor(s))
+    assert torch.equal(tilebake.torch.swiglu_forward(x, None, None, s), act)
+    assert torch.equal(tilebake.torch.swiglu_forward(x), act)
+
+
+@pytest.mark.parametrize("cast", [False, True], ids=["plain", "cast"])
+def test_cpu_op_semantics(cast):
+    """The public ops (CPU path): padding rows computed, routed_scaling_factor ignored without
+    topk_weights, clamped_count over the valid rows only."""
+    psum, rows = psum_layout([5, 0, 130], extra_rows=3)
+    x = make_x(rows, 2 * 128, torch.bfloat16, "cpu")
+    counts, counts_all = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    with_psum = _call(cast, x, fmt="fp32" if not cast else None, psum=psum, clamp=0.5, counts=counts)
+    no_psum = _call(cast, x, fmt="fp32" if not cast else None, clamp=0.5, counts=counts_all)
+    for a, b in zip(torch.utils._pytree.tree_leaves(with_psum), torch.utils._pytree.tree_leaves(no_psum)):
+        assert_bytes_equal(a, b, "output")
+    assert counts[3] == (5 + 130) * 128 and counts_all[3] == rows * 128 and (counts <= counts_all).all()
+    scaled = _call(cast, x, fmt="fp32" if not cast else None, scale=3.0)
+    plain = _call(cast, x, fmt="fp32" if not cast else None)
+    for a, b in zip(torch.utils._pytree.tree_leaves(scaled), torch.utils._pytree.tree_leaves(plain)):
+        assert_bytes_equal(a, b, "output")
+    if not cast:
+        assert (with_psum[5:128] != 0).any()  # a padding row's output is computed
 
 
 @pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS, ids=FORMAT_IDS)
@@ -165,58 +208,51 @@ def test_plain_rejects_bad_fmt():
 # --- GPU: bit-exact against the reference ---
 
 
-def gpu_shapes():
-    """(rows, hidden, psum or None): 1 and 127 rows without experts; ~8001 rows in a 64-expert
-    layout with empty experts and padding; a few rows of a wide layer."""
-    g = torch.Generator().manual_seed(1)
-    psum_8k, rows_8k = psum_layout(random_counts(64, 60, g), extra_rows=41)
-    psum_small, rows_small = psum_layout([1, 0, 129, 3], extra_rows=0)
-    return [
-        (1, 64, None),
-        (127, 192, None),
-        (rows_8k, 2048, psum_8k),
-        (rows_small, 7168, psum_small),
-    ]
-
-
-SHAPES = gpu_shapes()
-SHAPE_IDS = [f"E{r}-H{h}{'-psum' if p is not None else ''}" for r, h, p in SHAPES]
+SHAPES = gpu_shapes(1)
+SHAPE_IDS = [shape_id(s) for s in SHAPES]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("options", ["all", "none"])
 @pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS, ids=FORMAT_IDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-def test_gpu_bit_exact(shape, dtype, fmt, npc, sf_mode, col):
+def test_gpu_bit_exact(shape, dtype, fmt, npc, sf_mode, col, options):
+    """All options (psum, topk weights, s, clamp) or none, against the reference on the GPU."""
     rows, hidden, psum = shape
-    psum = None if psum is None else psum.cuda()
     x = make_x(rows, 2 * hidden, dtype, "cuda")
-    weights = torch.rand(rows, device="cuda") * 2 - 0.5
-    check(x, fmt, npc, psum, weights, 1.5, 4.0, sf_mode, col)
+    if options == "all":
+        weights = torch.rand(rows, device="cuda") * 2 - 0.5
+        check(x, fmt, npc, psum.cuda(), weights, 1.5, 4.0, sf_mode, col)
+    else:
+        check(x, fmt, npc, sf_mode=sf_mode, col=col)
+
+
+OPTIONS = ["weights", "weights-scale", "scale", "clamp", "psum-clamp", "psum-weights-scale"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,npc,sf_mode,col", FORMATS[:3] + FORMATS[-1:], ids=FORMAT_IDS[:3] + FORMAT_IDS[-1:])
-@pytest.mark.parametrize("options", ["none", "weights", "scale", "clamp", "psum"])
-def test_gpu_each_option_alone(options, fmt, npc, sf_mode, col):
-    """Each optional argument on its own (the kernel's null-equivalents for the others), on
-    strided rows (x sliced from a wider buffer)."""
+@pytest.mark.parametrize("options", OPTIONS)
+def test_gpu_option_subsets(options, fmt, npc, sf_mode, col):
+    """Subsets of the optional arguments (the kernel's null-equivalents for the others; s alone
+    is ignored), on strided rows (x sliced from a wider buffer)."""
     psum, rows = psum_layout([100, 0, 300, 1], extra_rows=5, device="cuda")
     x = make_x(rows, 2 * 1024 + 64, torch.bfloat16, "cuda")[:, : 2 * 1024]
     kwargs = dict(
-        psum=psum if options == "psum" else None,
-        weights=torch.randn(rows, device="cuda") if options == "weights" else None,
-        scale=0.3 if options == "scale" else None,
-        clamp=0.5 if options == "clamp" else None,
+        psum=psum if "psum" in options else None,
+        weights=torch.randn(rows, device="cuda") if "weights" in options else None,
+        scale=0.3 if "scale" in options else None,
+        clamp=0.5 if "clamp" in options else None,
     )
     check(x, fmt, npc, sf_mode=sf_mode, col=col, **kwargs)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gpu_silu_exact_over_the_division_domain(dtype):
-    """y = silu(x_left) bit for bit (x_right = 1) for every finite bf16 x_left, or 2^20 fp32 values
-    over all binades: the kernel's division without a slow path (|x| < 64) and its fallback."""
+def test_gpu_act_exact_over_the_division_domain(dtype):
+    """out = x / (1 + exp(-x)) bit for bit (x_right = 1) for every finite bf16 x_left, or 2^20 fp32
+    values over all binades: the kernel's division without a slow path (|x| < 64) and its fallback."""
     check(division_domain_x(dtype, "cuda"), "fp32")
 
 
@@ -251,11 +287,14 @@ def test_gpu_infinite_group(fmt, npc, sf_mode, col):
 
 @pytest.mark.gpu
 def test_gpu_token_alignment_is_runtime():
+    """The clamp counts take the runtime alignment's valid rows (10 + 70 + 64 of them)."""
     tilebake.config.set_token_alignment(64)
     psum, rows = psum_layout([10, 70, 0, 64], alignment=64, extra_rows=3, device="cuda")
     x = make_x(rows, 256, torch.bfloat16, "cuda")
-    y = check(x, "bf16", psum=psum)
-    assert torch.all(y[10:64] == 0) and torch.all(y[134:192] == 0) and torch.any(y[64:134] != 0)
+    counts = torch.zeros(4, dtype=torch.int64, device="cuda")
+    check(x, "bf16", psum=psum, clamp=1.0)
+    F.swiglu_forward(x, "bf16", psum, clamp_value=1.0, clamped_count=counts)
+    assert int(counts[3]) == (10 + 70 + 64) * 128
 
 
 @pytest.mark.gpu

@@ -2,8 +2,8 @@
 (tilebake.quant.swiglu_forward), optionally with a per-token FP8 e4m3 copy of the input gradient.
 
 Validate, allocate, launch. The kernel is kernels_tl/quant/swiglu_backward.py; the reference (and
-the CPU path) is tilebake.torch.swiglu_backward (+ tilebake.torch.cast); the arithmetic is written
-out in src/tilebake/torch/swiglu.py.
+the CPU path) is tilebake.torch.swiglu_backward (+ tilebake.torch.cast); the arithmetic
+(TileKernels 2.1.0's) is written out in src/tilebake/torch/swiglu.py.
 """
 
 from __future__ import annotations
@@ -109,9 +109,11 @@ def _results(x_grad, quantized, weight_grad, act_out, topk_weights, do_recompute
 
 
 def _reference(x, act_x_grad, psum, topk_weights, scale, clamp, npc=None):
+    """(x_grad, weight_grad or None, act_out), all fp32, from tilebake.torch.swiglu_backward."""
     from tilebake.torch import swiglu_backward as reference
 
-    return reference(x, act_x_grad, psum, topk_weights, scale, clamp, config.get_token_alignment(), npc)
+    outs = reference(x, act_x_grad, psum, topk_weights, scale, clamp, config.get_token_alignment(), npc)
+    return (outs[0], None, outs[1]) if topk_weights is None else outs
 
 
 def _launch(table, key, x, g, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp, extra=()):
@@ -157,14 +159,17 @@ def swiglu_backward(
         act_x_grad: gradient of the forward output (E, H), same dtype as x.
         fmt: dtype of x_grad, 'bf16' or 'fp32'.
         psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value: as in
-            swiglu_forward; clamped elements get zero gradient, padding rows zero everything.
+            swiglu_forward; clamped elements get zero gradient. With topk_weights the padding
+            rows of the psum layout get e = 0 (so +-0 gradients) and weight_grad 0; without
+            them psum is not used and every row is computed (padding rows of act_x_grad must be
+            0 for their gradients to be 0). routed_scaling_factor only enters with the weights.
         do_recompute: also return the forward output act_out.
 
     Returns:
         (x_grad (E, 2H) in fmt, [weight_grad fp32 (E,) if topk_weights], [act_out (E, H) in
-        act_x_grad's dtype if do_recompute]). weight_grad[e] = sum_h(silu(l') r' g) * s is a
+        act_x_grad's dtype if do_recompute]). weight_grad[e] = sum_h(g * act) * s is a
         reduction summed in fp32 in the kernel's order; everything else is bit-equal to
-        tilebake.torch.swiglu_backward rounded to the output dtypes.
+        tilebake.torch.swiglu_backward on the same CUDA device, rounded to the output dtypes.
     """
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     if not isinstance(x, torch.Tensor):
@@ -220,9 +225,9 @@ def swiglu_backward_and_per_token_cast(
         Others: as swiglu_backward.
 
     Returns:
-        (x_grad bf16 (E, 2H), (x_grad_fp8 e4m3 (E, 2H), sf), [weight_grad fp32 (E,)],
-        [act_out (E, H) in act_x_grad's dtype]). x_grad_fp8 is the per-token cast of the fp32
-        gradient (not of x_grad rounded to bf16).
+        (x_grad bf16 (E, 2H), (x_grad_fp8 e4m3 (E, 2H), sf), [weight_grad fp32 (E,) if
+        topk_weights], [act_out (E, H) in act_x_grad's dtype if do_recompute]). x_grad_fp8 is
+        the per-token cast of the fp32 gradient (not of x_grad rounded to bf16).
     """
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):

@@ -1,10 +1,10 @@
 """swiglu_forward / swiglu_forward_and_per_token_cast: fused SwiGLU of MoE expert rows,
-y = silu(clamp(x_left)) * clamp(x_right) [* topk_weights] [* routed_scaling_factor], to bf16/fp32
-or per-token FP8 e4m3.
+out = l / (1 + exp(-l)) * r [* (topk_weights * routed_scaling_factor)] with l, r the clamped
+halves of x, to bf16/fp32 or per-token FP8 e4m3.
 
 Validate, allocate, launch. The kernel is kernels_tl/quant/swiglu_forward.py; the reference (and
 the CPU path) is tilebake.torch.swiglu_forward followed by tilebake.torch.cast; the arithmetic
-is written out in src/tilebake/torch/swiglu.py.
+(TileKernels 2.1.0's) is written out in src/tilebake/torch/swiglu.py.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def swiglu_forward(
     clamp_value: Optional[float] = None,
     clamped_count: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """y = silu(clamp(x_left)) * clamp(x_right) [* topk_weights] [* routed_scaling_factor].
+    """out = silu(clamp(x_left)) * clamp(x_right) [* (topk_weights * routed_scaling_factor)].
 
     Args:
         x: (E, 2H) bf16 or fp32, H a multiple of 64, last dim contiguous, rows 16-byte aligned;
@@ -199,16 +199,19 @@ def swiglu_forward(
         fmt: output format, 'bf16' or 'fp32'.
         psum_num_tokens_per_expert: int32 (num_experts,): expert e owns rows
             [align(psum[e-1], config.get_token_alignment()), psum[e]); all other rows are
-            padding and come out +0. None: every row is valid.
+            padding. It only selects the rows clamped_count counts: every row's output is
+            computed, padding rows' too (from whatever x holds there), as 2.1.0 does.
         topk_weights: fp32 (E,), one factor per row.
-        routed_scaling_factor: a float factor.
+        routed_scaling_factor: s, applied with the weights as e = topk_weights * s (fp32,
+            once per row); without topk_weights it is not used.
         clamp_value: c > 0: x_left clamped to at most c, x_right to [-c, c].
         clamped_count: int64 (4,), incremented in place by [#(x_left > c), #(x_right > c),
             #(x_right < -c), #x_left elements] over the valid rows.
 
     Returns:
-        (E, H) in `fmt`. The arithmetic is fp32 in the order of tilebake.torch.swiglu_forward.
-        CPU tensors take the reference path (same bytes as the reference on the CPU).
+        (E, H) in `fmt`: the fp32 result of tilebake.torch.swiglu_forward, rounded; bit-equal to
+        that reference evaluated on the same CUDA device (CPU tensors take the reference path,
+        whose CPU exp may differ from CUDA's expf in the last bit).
     """
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
@@ -253,7 +256,7 @@ def swiglu_forward_and_per_token_cast(
 
     Returns:
         (data e4m3 (E, H), sf): bit-equal to tilebake.torch.cast of the fp32 reference values
-        (not of values rounded to bf16). Padding rows get data 0 and a zero row's scale.
+        (not of values rounded to bf16), padding rows included.
     """
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):

@@ -1,28 +1,29 @@
 """Plain-PyTorch reference of the fused SwiGLU forward and backward for MoE experts.
 
 The bit-exact oracle for kernels_tl/quant/swiglu_forward.py and swiglu_backward.py, and the
-CPU path of tilebake.quant.swiglu_*. Every fp32 operation is a separate eager torch op in the
-kernels' order (the kernels use __fadd_rn/__fmul_rn/__fdiv_rn, which nvcc never fuses into
-FMAs); divisions are tensor by tensor (true IEEE divisions). Do not "simplify" the arithmetic.
+CPU path of tilebake.quant.swiglu_*. The arithmetic is TileKernels 2.1.0's
+(../shared/spec/numerics.md, "SwiGLU"): every fp32 operation is a separate eager torch op, in
+this order, divisions tensor by tensor (true IEEE divisions). Do not "simplify" it. On CUDA
+tensors torch.exp is CUDA's expf, the kernels' exp, so the results equal the kernels' bit for
+bit; on CPU tensors torch.exp may differ from expf in the last bit.
 
-Arithmetic (all fp32, round to nearest even), per element of a valid row, with
-l = x[:, :H], r = x[:, H:] (e4m3 inputs are first dequantized as data * sf):
-    l' = c if l > c else l;  r' = c if r > c else (-c if r < -c else r)   (no clamp: l' = l, r' = r)
-    e = exp(-l');  den = 1 + e;  silu = l' / den;  t = silu * r'
-    forward output y = (t * w) * s     (w: the row's topk weight, s: routed_scaling_factor;
-                                        each factor applied only when given)
-backward, with g = act_x_grad (as fp32):
-    sig = 1 / den;  gw = (g * w) * s
-    dr = gw * silu                              (0 where r was clamped)
-    dl = (gw * r') * (sig * (1 + l' * (1 - sig)))   (0 where l was clamped)
-    weight_grad[row] = sum_h(t * g) * s         (a reduction: kernels sum in another order)
-    act_out = y
+All fp32, round to nearest even; l = x[:, :H], r = x[:, H:] as fp32 (e4m3 inputs are first
+dequantized as data * sf), w the row's topk weight, s routed_scaling_factor, c clamp_value:
+    clamp:    l = min(l, c), r = min(max(r, -c), c)   (NaN passes; none without c)
+    forward:  t = 1 + exp(-l);  act = l / t * r;  out = act * e with e = w * s (e = w without s),
+              out = act without topk weights (s is then not used). Every row is computed.
+    backward: sig = 1 / t;  g = act_x_grad;  gws = (g * e) * sig with weights, g * sig without;
+              l_grad = (gws * r) * fma(l, 1 - sig, 1);  r_grad = gws * l;
+              0 where l was clamped (l > c) or r was (|r| > c);
+              act_out = act * e with weights, act without;
+              weight_grad = sum_h(g * act) * s   (a reduction: kernels sum in another order).
+    With weights, e = 0 on the padding rows of the psum layout (so their gradients are +-0)
+    and their weight_grad is 0; without weights no row is masked.
 Quantized outputs cast the fp32 values (not values rounded to bf16) with tilebake.torch.cast.
 
 The psum layout: `psum` int32 (num_experts,); expert e owns rows [align(psum[e-1], alignment),
-psum[e]) (psum[-1] taken as 0). Every other row (the padding between experts and rows from
-psum[-1] on) is a padding row: its outputs are +0 (a zero row's scale in quantized outputs),
-it is not counted in clamped_count, and its weight_grad is 0.
+psum[e]) (psum[-1] taken as 0); every other row is a padding row. It selects the rows counted
+in clamped_count (forward) and the rows whose e is 0 (backward, with weights); nothing else.
 """
 
 from __future__ import annotations
@@ -78,18 +79,35 @@ def _clamp(left: torch.Tensor, right: torch.Tensor, clamp_value):
     return torch.where(l_hi, c, left), torch.where(r_hi, c, torch.where(r_lo, -c, right)), l_hi, r_hi, r_lo
 
 
-def _factors(x32, topk_weights, routed_scaling_factor):
-    w = None if topk_weights is None else topk_weights.float()[:, None]
-    s = None if routed_scaling_factor is None else torch.full_like(x32[:, :1], routed_scaling_factor)
-    return w, s
+def _row_factor(topk_weights, routed_scaling_factor, like):
+    """e = w * s per row as an fp32 (E, 1) column (s rounded to fp32 first, as the kernels get it)."""
+    e = topk_weights.float()[:, None]
+    if routed_scaling_factor is not None:
+        e = e * torch.full_like(e, routed_scaling_factor)
+    return e.to(like.device)
 
 
-def _scaled(v, w, s):
-    if w is not None:
-        v = v * w
-    if s is not None:
-        v = v * s
-    return v
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 fma(a, b, c) = a * b + c rounded once (CUDA's __fmaf_rn), for fp32 tensors, exactly.
+
+    In fp64 the product p = a * b is exact (24 + 24 bits <= 53), but p + c rounded to fp64 and
+    then to fp32 can round twice wrongly (an fp64 sum landing on an fp32 midpoint; measured: 1.4%
+    of adversarial cases). So the sum is rounded to odd instead: s = fl64(p + c), its error
+    err = (p + c) - s from TwoSum (exact in round-to-nearest), and where err != 0 and s's last
+    bit is even, s moves one fp64 ulp towards err. Rounding the round-to-odd value to fp32 is the
+    correctly rounded result since 53 >= 24 + 2 (Boldo & Melquiond, IEEE Trans. Computers 57(4),
+    2008). Checked against C's fmaf on 2^24 inputs (random bit patterns, near-midpoint cases,
+    cancellation, +-0/inf/NaN). No overflow: |p| < 2^256 fits fp64."""
+    a64, b64, c64 = a.double(), b.double(), c.double()
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    err = (p - (s - bb)) + (c64 - bb)
+    even = (s.view(torch.int64) & 1) == 0
+    inf = torch.full_like(s, float("inf"))
+    nudged = torch.nextafter(s, torch.where(err > 0, inf, -inf))
+    s = torch.where((err != 0) & torch.isfinite(s) & even, nudged, s)
+    return s.float()
 
 
 def swiglu_forward(
@@ -101,34 +119,28 @@ def swiglu_forward(
     clamped_count: Optional[torch.Tensor] = None,
     alignment: int = 128,
 ) -> torch.Tensor:
-    """y = silu(clamp(x_left)) * clamp(x_right) [* topk_weights] [* routed_scaling_factor], fp32 (E, H).
+    """out = l / (1 + exp(-l)) * r [* (topk_weights * routed_scaling_factor)], fp32 (E, H).
 
-    x: (E, 2H) bf16/fp32. Padding rows of the psum layout are +0. clamped_count (int64 (4,)),
-    if given, is incremented in place by [#(l > c), #(r > c), #(r < -c), #elements of x_left]
-    over the valid rows.
+    x: (E, 2H) bf16/fp32, l and r clamped as the module docstring says. Every row is computed
+    (padding rows of the psum layout too, from whatever x holds there); routed_scaling_factor
+    only enters through the weights. clamped_count (int64 (4,)), if given, is incremented in
+    place by [#(l > c), #(r > c), #(r < -c), #elements of x_left] over the valid (non-padding)
+    rows, comparing the unclamped values.
     """
     x32 = x.float()
     hidden = x32.shape[1] // 2
-    valid = _valid_rows(x32.shape[0], psum_num_tokens_per_expert, alignment, x32.device)[:, None]
-    zero = torch.zeros((), dtype=torch.float32, device=x32.device)
-    left = torch.where(valid, x32[:, :hidden], zero)
-    right = torch.where(valid, x32[:, hidden:], zero)
-    lc, rc, l_hi, r_hi, r_lo = _clamp(left, right, clamp_value)
-    den = 1 + torch.exp(-lc)
-    silu = lc / den
-    w, s = _factors(x32, topk_weights, routed_scaling_factor)
-    y = _scaled(silu * rc, w, s)
+    lc, rc, l_hi, r_hi, r_lo = _clamp(x32[:, :hidden], x32[:, hidden:], clamp_value)
+    t = 1 + torch.exp(-lc)
+    out = lc / t * rc
+    if topk_weights is not None:
+        out = out * _row_factor(topk_weights, routed_scaling_factor, x32)
     if clamped_count is not None:
+        valid = _valid_rows(x32.shape[0], psum_num_tokens_per_expert, alignment, x32.device)[:, None]
         counts = torch.stack(
-            [
-                (l_hi & valid).sum(),
-                (r_hi & valid).sum(),
-                (r_lo & valid).sum(),
-                valid.sum() * hidden,
-            ]
+            [(l_hi & valid).sum(), (r_hi & valid).sum(), (r_lo & valid).sum(), valid.sum() * hidden]
         ).to(clamped_count.device)
         clamped_count += counts
-    return torch.where(valid, y, zero)
+    return out
 
 
 def swiglu_backward(
@@ -140,36 +152,37 @@ def swiglu_backward(
     clamp_value: Optional[float] = None,
     alignment: int = 128,
     num_per_channels: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of swiglu_forward, all fp32: (x_grad (E, 2H), weight_grad (E,), act_out (E, H)).
+) -> tuple:
+    """Gradients of swiglu_forward, all fp32, in 2.1.0's reference order: (x_grad (E, 2H),
+    act_out (E, H)) without topk_weights, (x_grad, weight_grad (E,), act_out) with them.
 
-    x: bf16/fp32 (E, 2H), or (e4m3 data, fp32 sf) with (1, num_per_channels) blocks. weight_grad
-    is summed in fp64 here (the kernels sum in fp32 in their own order). Padding rows are +0.
+    x: bf16/fp32 (E, 2H), or (e4m3 data, fp32 sf) with (1, num_per_channels) blocks. act_out is
+    the forward's output (act * e with weights). weight_grad sums the fp32 products g * act in
+    fp64 (the kernels sum in fp32 in their own order), rounds to fp32, then multiplies by s; it is
+    0 on padding rows. psum matters only with topk_weights (their rows' e = 0).
     """
     x32 = _dequantize(x, num_per_channels)
     hidden = x32.shape[1] // 2
-    valid = _valid_rows(x32.shape[0], psum_num_tokens_per_expert, alignment, x32.device)[:, None]
+    lc, rc, l_hi, r_hi, r_lo = _clamp(x32[:, :hidden], x32[:, hidden:], clamp_value)
+    g = act_x_grad.float()
+    t = 1 + torch.exp(-lc)
+    one = torch.ones_like(t)
+    sig = one / t
+    act = lc / t * rc
     zero = torch.zeros((), dtype=torch.float32, device=x32.device)
-    left = torch.where(valid, x32[:, :hidden], zero)
-    right = torch.where(valid, x32[:, hidden:], zero)
-    g = torch.where(valid, act_x_grad.float(), zero)
-    lc, rc, l_hi, r_hi, r_lo = _clamp(left, right, clamp_value)
-    den = 1 + torch.exp(-lc)
-    one = torch.ones_like(den)
-    sig = one / den
-    silu = lc / den
-    t = silu * rc
-    w, s = _factors(x32, topk_weights, routed_scaling_factor)
-    act_out = _scaled(t, w, s)
-    gw = _scaled(g, w, s)
-    dr = gw * silu
-    dsilu = sig * (1 + lc * (one - sig))
-    dl = (gw * rc) * dsilu
-    dl = torch.where(l_hi, zero, dl)
-    dr = torch.where(r_hi | r_lo, zero, dr)
-    x_grad = torch.where(valid, torch.cat([dl, dr], dim=1), zero)
-    weight_grad = (t.double() * g.double()).sum(dim=1).float()
-    if s is not None:
-        weight_grad = weight_grad * s[:, 0]
+    if topk_weights is not None:
+        valid = _valid_rows(x32.shape[0], psum_num_tokens_per_expert, alignment, x32.device)[:, None]
+        e = torch.where(valid, _row_factor(topk_weights, routed_scaling_factor, x32), zero)
+        gws = (g * e) * sig
+    else:
+        gws = g * sig
+    l_grad = torch.where(l_hi, zero, (gws * rc) * fma32(lc, one - sig, one))
+    r_grad = torch.where(r_hi | r_lo, zero, gws * lc)
+    x_grad = torch.cat([l_grad, r_grad], dim=1)
+    if topk_weights is None:
+        return x_grad, act
+    weight_grad = (g * act).double().sum(dim=1).float()
+    if routed_scaling_factor is not None:
+        weight_grad = weight_grad * torch.full_like(weight_grad, routed_scaling_factor)
     weight_grad = torch.where(valid[:, 0], weight_grad, zero)
-    return x_grad, weight_grad, torch.where(valid, act_out, zero)
+    return x_grad, weight_grad, act * e
