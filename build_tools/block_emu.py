@@ -16,6 +16,8 @@ reaches (a divergent __syncthreads, a warp collective in divergent code, a threa
 before a barrier) is reported: the run stops with the CTA and the stuck threads, where a GPU
 would hang or be undefined. Races inside a warp between barriers, and memory-model questions
 (caching, fences, the compiler's reordering), are not modelled: the GPU tests decide those.
+Device intrinsics beyond the collectives: __byte_perm, __vmaxu2, uint4 copies, tilelang's
+tl::clamp and the cubins' e4m3 conversion (cvt.rn.satfinite: nearest even, saturating to +-448).
 
     python build_tools/block_emu.py KERNEL.cu OUT.so
 
@@ -132,6 +134,44 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline float max(float a, float b) { return fmaxf(a, b); }  // CUDA's fmaxf: a NaN operand loses
 inline float min(float a, float b) { return fminf(a, b); }
+
+// --- byte and vector intrinsics, tilelang's clamp, the e4m3 conversion of the cubins ---
+#define __align__(n) alignas(n)
+struct uint4 { uint x, y, z, w; };
+inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
+inline uint __byte_perm(uint x, uint y, uint s) {  // result byte i = byte (s >> 4i) & 7 of y:x
+  unsigned long long in = ((unsigned long long)y << 32) | x;
+  uint r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint)((in >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+}
+inline uint __vmaxu2(uint a, uint b) {  // unsigned max of each 16-bit half
+  uint lo = (a & 0xFFFF) > (b & 0xFFFF) ? (a & 0xFFFF) : (b & 0xFFFF);
+  uint hi = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+  return (hi << 16) | lo;
+}
+namespace tl {
+inline float clamp(float x, float lo, float hi) { return std::isnan(x) ? x : fminf(fmaxf(x, lo), hi); }
+}  // namespace tl
+struct fp8_e4_t {  // cvt.rn.satfinite.e4m3x2.f32: nearest even, +-448 for larger (and inf), NaN 0x7F
+  uchar storage;
+  fp8_e4_t() = default;
+  explicit fp8_e4_t(float f) {
+    uint bits;
+    std::memcpy(&bits, &f, 4);
+    uchar sign = (bits >> 24) & 0x80;
+    float a = fabsf(f);
+    if (std::isnan(f)) { storage = 0x7F; return; }
+    if (a >= 448.0f) { storage = sign | 0x7E; return; }
+    if (a < 0.015625f) { storage = sign | (uchar)std::nearbyint(a * 512.0f); return; }  // subnormal, or 2^-6
+    int e;
+    std::frexp(a, &e);  // a = 1.m * 2^(e - 1)
+    int m = (int)std::nearbyint(std::ldexp(a, 4 - e));  // 8..16
+    int biased = e - 1 + 7;
+    if (m == 16) { m = 8; ++biased; }
+    storage = sign | (uchar)(biased << 3) | (uchar)(m - 8);
+  }
+};
 """
 
 RUNNER = r"""
