@@ -124,32 +124,41 @@ def per_channel_cast_case(num_tokens, hidden):
     }
 
 
-def per_block_cast_lossless_case(num_tokens, hidden):
+def _lossless_case(num_tokens, hidden, out_block):
     def make():
         x = torch.randn(num_tokens, hidden, device="cuda")
         return (tilebake.torch.cast(x, "e2m1", (1, 32), round_sf=True, use_packed_ue8m0=True),)
 
+    bm, bk = out_block
     return {
         "op": "per_block_cast_lossless",
-        "variant": "e2m1 1x32 UE8M0 -> e4m3 128x128 UE8M0",
+        "variant": f"e2m1 1x32 UE8M0 -> e4m3 {bm}x{bk} UE8M0",
         "make": make,
         "fn": lambda q: tilebake.quant.per_block_cast_lossless(
-            q, "e4m3", (1, 32), (128, 128), round_sf=True, use_packed_ue8m0=True
+            q, "e4m3", (1, 32), out_block, round_sf=True, use_packed_ue8m0=True
         ),
         "ref": lambda q: tilebake.torch.per_block_cast_lossless(
-            q, "e4m3", (1, 32), (128, 128), round_sf=True, use_packed_ue8m0=True, on_error="nan"
+            q, "e4m3", (1, 32), out_block, round_sf=True, use_packed_ue8m0=True, on_error="nan"
         ),
         # e2m1 in (half a byte), its UE8M0 SF (a byte per 32), e4m3 out, packed SF out
         "bytes": num_tokens * hidden // 2
         + num_tokens * hidden // 32
         + num_tokens * hidden
-        + ceil_div(num_tokens, 128) * ceil_div(ceil_div(hidden, 128), 4) * 4,
+        + ceil_div(num_tokens, bm) * ceil_div(ceil_div(hidden, bk), 4) * 4,
     }
+
+
+def per_block_cast_lossless_case(num_tokens, hidden):
+    return _lossless_case(num_tokens, hidden, (128, 128))
+
+
+def per_block_cast_lossless_per_token_case(num_tokens, hidden):
+    return _lossless_case(num_tokens, hidden, (1, 128))
 
 
 CASES["per_block_cast"] = [per_block_cast_case]
 CASES["per_channel_cast"] = [per_channel_cast_case]
-CASES["per_block_cast_lossless"] = [per_block_cast_lossless_case]
+CASES["per_block_cast_lossless"] = [per_block_cast_lossless_case, per_block_cast_lossless_per_token_case]
 
 
 def batched_transpose_weight_sf_case(num_tokens, hidden):

@@ -2,24 +2,35 @@
 
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
 
-Arithmetic (src/tilebake/torch/cast_lossless.py): per output block, max and min of the input
-scales over its valid elements; sf_out = max * 2^-6, inv = 64 / max, q = value * (sf_in * inv),
-e4m3 (exact). A block whose input scales are not normal powers of two within a ratio of 2^11
-(or whose max is below 2^-120) gets a NaN scale (UE8M0 byte 0xFF): a kernel cannot raise, and
-a NaN scale poisons every dequantised value of exactly the blocks that are wrong.
+One kernel for every block pair: the output SF block (bm, bk) (powers of two, 1 <= bm <= 128,
+16 <= bk <= 128) and the input SF block (bm_in, bk_in) are runtime log2 shifts, and so are the
+SF layouts.
+
+Arithmetic (src/tilebake/torch/cast_lossless.py): every input scale of an output block must be a
+normal power of two 2^(e - 127) (e its fp32 exponent field, 1..254), with max e = M and min e = m
+over the block's valid elements, M - m <= 11 and M >= 7. Then sf_out = 2^(M - 133) (max * 2^-6),
+inv = 64 / max = 2^(133 - M) (both exact, built from bits), q = value * (sf_in * inv), e4m3
+(exact). Only exponents are reduced: a scale contributes the 16-bit pair (e, 255 - e), or
+(0, 255) when it is not a normal power of two, and `__vmaxu2` (max of each 16-bit half) reduces
+M and m at once. A block that fails gets a NaN scale (UE8M0 byte 0xFF): a kernel cannot raise,
+and a NaN scale poisons every dequantised value of exactly the blocks that are wrong.
 
 Thread mapping: a CTA (128 threads) owns 128 rows x 128 columns; warp w rows 32w..32w+31; a
-thread 32 columns (one 16-byte load of codes, two 16-byte stores) in 4 rows 8 apart. All loads
-(4 x 16 bytes of codes and the input scales) are issued before any is used. The block max/min
-only needs the scales: shuffles over the lanes of a row (bk 128) and the warp's 32 rows, then
-(bm 128) the 4 warps through shared memory. The input SF block (bm_in, bk_in) is runtime (log2
-shifts; bk_in 16 gives a thread two scales a row), and so are the SF layouts.
+thread 32 columns (one 16-byte load of codes, two 16-byte stores) in 4 rows 8 apart (u = 0..3).
+Its 8 slots (row u, column half h of 16) each hold the reduction of their own output block.
+The reduction runs only the levels the block spans (every branch is uniform: block sizes are
+kernel arguments): in the thread (the two halves when bk >= 32; rows u^1 when bm >= 16, u^2
+when bm >= 32), the lanes of a row (xor 1, 2: bk 64, 128), the row lanes of a warp (xor 4, 8,
+16: bm 2, 4, 8), the warps through shared memory (bm 64, 128). Only one slot per block and
+thread shuffles; a second in-thread pass (max is idempotent) hands the result to the others.
+The thread holding a block's first element writes its scale.
 
-Conversion: per scale a thread has one factor (sf_in * inv). When it is finite, +-v give e4m3
+Conversion: per slot a thread has one factor (sf_in * inv). When it is finite, +-v give e4m3
 bytes that differ only in the sign bit, so the 8 magnitudes are converted (the same fp32
 multiply and cast as an element; the clamp to +-448 is what the saturating cast does for a
 finite product) into an 8-byte table; 8 codes (one word) then cost 2 byte permutes for the
-magnitudes and 2 for the sign bits. An inf/NaN factor takes the element-wise path. Same bytes.
+magnitudes and 2 for the sign bits. An inf/NaN factor (an input scale of 255 or NaN) takes the
+element-wise path. Same bytes.
 """
 
 import tilelang.language as T
@@ -33,8 +44,8 @@ ROWS_PER_THREAD = 4
 ROWS_PER_WARP = 32
 ROWS_PER_CTA = 128
 WORDS_PER_CTA = LANES * WORDS  # 16 words of codes = 128 columns
-MAX_SCALE_RATIO = 2048.0
-MIN_BLOCK_MAX = 2.0**-120
+MAX_EXPONENT_SPREAD = 11  # input scales within 2^11 of each other
+MIN_MAX_EXPONENT = 7  # max >= 2^-120, so that sf_out = max * 2^-6 is a normal power of two
 MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
@@ -80,20 +91,40 @@ def byte_perm(x, y, selector):
     return T.call_extern("uint32", "__byte_perm", x, y, selector)
 
 
+def vmax2(x, y):
+    """Unsigned max of each 16-bit half: (max e, max (255 - e)) = (M, 255 - m) of two pairs."""
+    return T.call_extern("uint32", "__vmaxu2", x, y)
+
+
+@T.macro
+def merge_in_thread(ex, out_shift_m, out_shift_k):
+    """Reduce the slots of a thread that lie in one output block, every such slot ending with
+    the result: the two column halves (bk >= 32), rows u and u^1 (bm >= 16), u and u^2 (bm >= 32).
+    Its arguments carry the kernel parameters' names: a macro argument renames the parameter."""
+    if out_shift_k >= 5:
+        for u in T.unroll(ROWS_PER_THREAD):
+            ex[u, 0] = vmax2(ex[u, 0], ex[u, 1])
+            ex[u, 1] = ex[u, 0]
+    if out_shift_m >= 4:
+        for p in T.unroll(2):
+            for h in T.unroll(2):
+                ex[2 * p, h] = vmax2(ex[2 * p, h], ex[2 * p + 1, h])
+                ex[2 * p + 1, h] = ex[2 * p, h]
+    if out_shift_m >= 5:
+        for p in T.unroll(2):
+            for h in T.unroll(2):
+                ex[p, h] = vmax2(ex[p, h], ex[p + 2, h])
+                ex[p + 2, h] = ex[p, h]
+
+
 def build(v: PerBlockCastLosslessVariant):
-    bm, bk = v.block_m, v.block_k
-    assert bm in (32, 128) and bk in (32, 128), v
+    assert v.out_fmt == "e4m3", v
 
     num_tokens = T.dynamic("num_tokens")
     x_words = T.dynamic("x_words")  # hidden / 8: words of codes a row
     x_stride = T.dynamic("x_stride")  # words
     y_stride = T.dynamic("y_stride")  # words
     hidden = x_words * 8
-    num_groups = T.ceildiv(hidden, bk)
-    warp_blocks = 1 if bm == 32 else 0  # a warp's 32 rows are one row block (bm 32)
-    lane_groups = 1 if bk == 32 else 0  # a thread's 32 columns are one column block (bk 32)
-    writer_lanes = LANES if bk == 32 else 1  # the threads that write a block's scale
-    writer_warps = 4 if bm == 32 else 1
 
     @T.prim_func
     def per_block_cast_lossless_kernel(
@@ -110,6 +141,8 @@ def build(v: PerBlockCastLosslessVariant):
         in_sf_stride_k: T.int32,
         in_shift_m: T.int32,  # log2 of the input SF block
         in_shift_k: T.int32,
+        out_shift_m: T.int32,  # log2 of the output SF block: 0..7 and 4..7
+        out_shift_k: T.int32,
         packed_sf: T.int32,
         sf_stride_m: T.int32,
         sf_stride_k: T.int32,
@@ -136,13 +169,12 @@ def build(v: PerBlockCastLosslessVariant):
             g_in1 = (col + 16) >> in_shift_k  # == g_in0 unless bk_in == 16
             xs = T.alloc_local((ROWS_PER_THREAD, WORDS), "uint32")
             sfb = T.alloc_local((ROWS_PER_THREAD, 2), "int32")  # fp32 bits of the two scales a row
-            red_max = T.alloc_shared((4, LANES), "float32")
-            red_min = T.alloc_shared((4, LANES), "float32")
+            # Per slot: the exponent pair (M, 255 - m), later the bits of inv.
+            ex = T.alloc_local((ROWS_PER_THREAD, 2), "uint32")
+            red = T.alloc_shared((4, LANES, 2), "uint32")
             ys = T.alloc_local((2 * WORDS,), "uint32")
             tab_lo = T.alloc_var("uint32")
             tab_hi = T.alloc_var("uint32")
-            smax = T.alloc_var("float32")
-            smin = T.alloc_var("float32")
 
             # 1. Every load, before any use.
             for u in T.unroll(ROWS_PER_THREAD):
@@ -175,69 +207,76 @@ def build(v: PerBlockCastLosslessVariant):
                         sfb[u, 0] = 0
                         sfb[u, 1] = 0
 
-            # 2. Block max and min of the scales: the thread's, its row's lanes (bk 128), the
-            # warp's 32 rows, the 4 warps (bm 128). Rows and columns outside the tensor count
-            # as max 0 / min +inf.
-            smax = T.float32(0)
-            smin = T.float32(T.infinity("float32"))
+            # 2. Each slot's exponent pair; rows and columns outside the tensor are (0, 0).
             for u in T.unroll(ROWS_PER_THREAD):
                 for h in T.unroll(2):
-                    f = T.reinterpret(sfb[u, h], "float32")
                     exponent = T.shift_right(sfb[u, h], 23) & 255
                     normal_pow2 = (sfb[u, h] & T.int32(-2139095041)) == 0 and exponent >= 1 and exponent <= 254
-                    valid = row0 + 8 * u < num_tokens and col_ok
-                    smax = T.max(smax, T.if_then_else(valid, f, T.float32(0)))
-                    smin = T.min(
-                        smin,
-                        T.if_then_else(
-                            valid, T.if_then_else(normal_pow2, f, T.float32(0)), T.float32(T.infinity("float32"))
-                        ),
+                    e = T.cast(T.if_then_else(normal_pow2, exponent, 0), "uint32")
+                    ex[u, h] = T.if_then_else(
+                        row0 + 8 * u < num_tokens and col_ok, T.shift_left(e, T.uint32(16)) | (255 - e), T.uint32(0)
                     )
-            if bk == 128:
-                for s in T.unroll(2):
-                    smax = T.max(smax, T.shfl_xor(smax, 1 << s))
-                    smin = T.min(smin, T.shfl_xor(smin, 1 << s))
-            for s in T.unroll(3):
-                smax = T.max(smax, T.shfl_xor(smax, LANES << s))
-                smin = T.min(smin, T.shfl_xor(smin, LANES << s))
-            if bm == 128:
+
+            # 3. Reduce over each output block: in the thread, across lanes (one slot per block),
+            # across warps, then back to every slot of the thread.
+            merge_in_thread(ex, out_shift_m, out_shift_k)
+            for s in T.unroll(5):  # lane xor 1, 2 (columns), 4, 8, 16 (rows)
+                if (s < 2 and out_shift_k >= 6 + s) or (s >= 2 and out_shift_m >= s - 1):
+                    for u in T.unroll(ROWS_PER_THREAD):
+                        for h in T.unroll(2):
+                            # Slot (u, h) is its block's first in the thread (uniform test).
+                            if (u == 0 or out_shift_m < 4 or (u == 2 and out_shift_m == 4)) and (
+                                h == 0 or out_shift_k < 5
+                            ):
+                                ex[u, h] = vmax2(ex[u, h], T.shfl_xor(ex[u, h], 1 << s))
+            if out_shift_m >= 6:  # bm 64, 128: row 0 of each warp holds the warp's rows
                 if lane < LANES:
-                    red_max[warp, lane] = smax
-                    red_min[warp, lane] = smin
+                    for h in T.unroll(2):
+                        red[warp, lane, h] = ex[0, h]
                 T.sync_threads()
                 for w in T.unroll(4):
-                    smax = T.max(smax, red_max[w, tx % LANES])
-                    smin = T.min(smin, red_min[w, tx % LANES])
-            ok = smin > T.float32(0) and smax <= smin * T.float32(MAX_SCALE_RATIO) and smax >= T.float32(MIN_BLOCK_MAX)
-            sf_out = smax * T.float32(2.0**-6)
-            inv = T.alloc_var("float32")
-            inv = T.float32(64.0) / smax
+                    if (w >> (out_shift_m - 5)) == (warp >> (out_shift_m - 5)):
+                        for h in T.unroll(2):
+                            ex[0, h] = vmax2(ex[0, h], red[w, tx % LANES, h])
+            merge_in_thread(ex, out_shift_m, out_shift_k)
 
-            # 3. The output scale: one thread a block.
-            block_row = bx * (ROWS_PER_CTA // bm) + warp * warp_blocks
-            group = by * (128 // bk) + (tx % LANES) * lane_groups
-            if lane < writer_lanes and warp < writer_warps and col_ok and block_row * bm < num_tokens:
-                if packed_sf != 0:
-                    off = block_row * sf_stride_m + (group // 4) * sf_stride_k + group % 4
-                    S[off] = T.cast(
-                        T.if_then_else(ok, T.shift_right(T.reinterpret(sf_out, "int32"), 23) & 255, 255), "uint8"
-                    )
-                    if group == num_groups - 1:  # zero-fill the rest of the last word
-                        for k in T.serial(3 - group % 4):
-                            S[off + 1 + k] = T.uint8(0)
-                else:
-                    off = block_row * sf_stride_m + group * sf_stride_k
-                    sf_bits = T.if_then_else(ok, T.reinterpret(sf_out, "int32"), T.int32(0x7FC00000))
-                    for k in T.unroll(4):
-                        S[off + k] = T.cast(T.shift_right(sf_bits, 8 * k) & 255, "uint8")
+            # 4. The output scales (the thread holding a block's first element writes it), then
+            # each slot's inv = 2^(133 - M) (clamped to a finite power of two for a failed block).
+            for u in T.unroll(ROWS_PER_THREAD):
+                for h in T.unroll(2):
+                    e_max = T.cast(T.shift_right(ex[u, h], T.uint32(16)), "int32")
+                    e_min = 255 - T.cast(ex[u, h] & T.uint32(0xFFFF), "int32")
+                    ok = e_min >= 1 and e_max <= e_min + MAX_EXPONENT_SPREAD and e_max >= MIN_MAX_EXPONENT
+                    row = row0 + 8 * u
+                    c = col + 16 * h
+                    if (
+                        row < num_tokens
+                        and col_ok
+                        and (row & ((1 << out_shift_m) - 1)) == 0
+                        and (c & ((1 << out_shift_k) - 1)) == 0
+                    ):
+                        group = c >> out_shift_k
+                        if packed_sf != 0:
+                            off = (row >> out_shift_m) * sf_stride_m + (group >> 2) * sf_stride_k + (group & 3)
+                            S[off] = T.cast(T.if_then_else(ok, e_max - 6, 255), "uint8")
+                            if group == ((hidden - 1) >> out_shift_k):  # zero-fill the rest of the last word
+                                for k in T.serial(3 - (group & 3)):
+                                    S[off + 1 + k] = T.uint8(0)
+                        else:
+                            off = (row >> out_shift_m) * sf_stride_m + group * sf_stride_k
+                            sf_bits = T.if_then_else(ok, T.shift_left(e_max - 6, 23), T.int32(0x7FC00000))
+                            for k in T.unroll(4):
+                                S[off + k] = T.cast(T.shift_right(sf_bits, 8 * k) & 255, "uint8")
+                    ex[u, h] = T.cast(T.shift_left(T.clamp(260 - e_max, 1, 254), 23), "uint32")
 
-            # 4. Convert and store, a row at a time.
+            # 5. Convert and store, a row at a time.
             for u in T.unroll(ROWS_PER_THREAD):
                 for h in T.unroll(2):  # columns 16h..16h+15: words 2h, 2h+1
-                    scale = T.reinterpret(sfb[u, h], "float32") * inv
+                    scale = T.reinterpret(sfb[u, h], "float32") * T.reinterpret(ex[u, h], "float32")
                     if T.abs(scale) < T.float32(T.infinity("float32")):
                         # The table of the 8 magnitudes; the second half reuses the first's
-                        # unless the input scales are 16 columns wide.
+                        # unless the input scales are 16 columns wide (then so are the output's
+                        # or both halves are one output block: the factor is the same).
                         if h == 0 or in_shift_k == 4:
                             tab_lo = magnitude_table(scale, 0)
                             tab_hi = magnitude_table(scale, 4)
@@ -256,7 +295,7 @@ def build(v: PerBlockCastLosslessVariant):
                                 byte_perm(w4, w, T.uint32(0x7362)) & T.uint32(0x80808080)
                             )
                     else:
-                        # inf or NaN factor (a block the SF marks NaN): the element-wise conversion.
+                        # inf or NaN factor (an input scale that is inf or NaN): the element-wise conversion.
                         for k in T.unroll(2):
                             w = xs[u, 2 * h + k]
                             for o in T.unroll(2):

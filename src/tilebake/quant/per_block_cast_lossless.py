@@ -13,17 +13,27 @@ values and costs no host sync; `check=True` looks for such scales after the laun
 from __future__ import annotations
 
 import dataclasses
-import itertools
+from typing import Optional
 
 import torch
 
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant
-from tilebake.quant._common import QuantTensor, alloc_sf, check_aligned, check_fmt, check_out_sf, check_rows
-from tilebake.quant.per_block_cast import check_block_size
+from tilebake.quant._common import (
+    QuantTensor,
+    alloc_sf,
+    check_aligned,
+    check_fmt,
+    check_out_data,
+    check_out_sf,
+    check_rows,
+)
 from tilebake.utils import ceil_div, is_power_of_two
 
-BLOCK_SIZES = (32, 128)
+# Output SF blocks (bm, bk): powers of two in these ranges (a block lies inside one CTA's
+# 128 x 128 tile; bk covers at least one 16-column half of a thread's columns).
+MAX_BLOCK = 128
+MIN_BLOCK_K = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,44 +41,52 @@ class PerBlockCastLosslessVariant(Variant):
     family = "quant"
     op = "per_block_cast_lossless"
 
-    block_m: int  # the output SF block; the input block is a runtime argument
-    block_k: int
+    out_fmt: str  # 'e4m3', the only one: block sizes and SF layouts are runtime arguments
 
     @classmethod
     def all(cls):
-        return tuple(cls(bm, bk) for bm, bk in itertools.product(BLOCK_SIZES, BLOCK_SIZES))
+        return (cls("e4m3"),)
 
 
 _KERNELS = KernelTable(
     PerBlockCastLosslessVariant,
     (
         "X", "Y", "SIN", "SIN32", "S", "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m",
-        "in_shift_k", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "x_words", "x_stride", "y_stride",
+        "in_shift_k", "out_shift_m", "out_shift_k", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens",
+        "x_words", "x_stride", "y_stride",
     ),
 )  # fmt: skip
 
 
-def _check_x_block_size(x_block_size, bm: int, bk: int) -> tuple[int, int]:
+def _is_pow2_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and is_power_of_two(v)
+
+
+def check_block_sizes(x_block_size, out_block_size) -> tuple[int, int, int, int]:
+    """(bm_in, bk_in, bm, bk): powers of two, 1 <= bm <= 128, 16 <= bk <= 128, each output block
+    a whole number of input blocks (bm_in <= bm, 16 <= bk_in <= bk)."""
+    try:
+        bm, bk = out_block_size
+        ok = _is_pow2_int(bm) and _is_pow2_int(bk) and bm <= MAX_BLOCK and MIN_BLOCK_K <= bk <= MAX_BLOCK
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"out_block_size must be a pair of powers of two (bm, bk) with 1 <= bm <= {MAX_BLOCK} and "
+            f"{MIN_BLOCK_K} <= bk <= {MAX_BLOCK}, got {out_block_size!r}"
+        )
     try:
         bm_in, bk_in = x_block_size
-        ok = (
-            not isinstance(bm_in, bool)
-            and not isinstance(bk_in, bool)
-            and isinstance(bm_in, int)
-            and isinstance(bk_in, int)
-            and is_power_of_two(bm_in)
-            and is_power_of_two(bk_in)
-            and bm_in <= bm
-            and 16 <= bk_in <= bk
-        )
+        ok = _is_pow2_int(bm_in) and _is_pow2_int(bk_in) and bm_in <= bm and MIN_BLOCK_K <= bk_in <= bk
     except (TypeError, ValueError):
         ok = False
     if not ok:
         raise ValueError(
             f"x_block_size must be a pair of powers of two (bm_in, bk_in) with bm_in <= {bm} and "
-            f"16 <= bk_in <= {bk} (each output block a whole number of input blocks), got {x_block_size!r}"
+            f"{MIN_BLOCK_K} <= bk_in <= {bk} (each output block {(bm, bk)} a whole number of input blocks), "
+            f"got {x_block_size!r}"
         )
-    return bm_in, bk_in
+    return bm_in, bk_in, bm, bk
 
 
 def per_block_cast_lossless(
@@ -79,6 +97,7 @@ def per_block_cast_lossless(
     use_tma_aligned_col_major_sf: bool = False,
     round_sf: bool = False,
     use_packed_ue8m0: bool = False,
+    out: Optional[tuple[Optional[torch.Tensor], Optional[torch.Tensor]]] = None,
     *,
     check: bool = False,
 ) -> QuantTensor:
@@ -94,10 +113,15 @@ def per_block_cast_lossless(
             (.., ceil(ceil(H/bk_in)/4)), any strides (row- or column-major).
         fmt: 'e4m3'.
         x_block_size: (bm_in, bk_in), powers of two, bm_in <= bm, 16 <= bk_in <= bk.
-        out_block_size: (bm, bk), each 32 or 128. T need not be a multiple of bm (nor H of bk).
+        out_block_size: (bm, bk), powers of two, 1 <= bm <= 128, 16 <= bk <= 128: per-token
+            blocks (1, 128) as well as 2-D ones (32, 32), (128, 128). T need not be a multiple
+            of bm (nor H of bk).
         use_tma_aligned_col_major_sf: return the SF column-major (TMA-aligned view).
         round_sf: accepted for compatibility; the new scales are powers of two anyway.
         use_packed_ue8m0: new SF as UE8M0 bytes packed 4 to an int32 along K.
+        out: optional preallocated (data, sf), either of them None (then allocated): data
+            float8_e4m3fn (T, H), rows 16-byte aligned; sf of the returned dtype and shape,
+            any strides. The given tensors are returned themselves.
         check: after a GPU launch, raise ValueError if a block could not be re-quantised
             exactly (a host sync). Without it such blocks carry a NaN scale (UE8M0 0xFF).
 
@@ -105,8 +129,7 @@ def per_block_cast_lossless(
         (data e4m3 (T, H), sf) with cast_back(result) == cast_back(x) exactly.
     """
     check_fmt(fmt, ("e4m3",))
-    bm, bk = check_block_size(out_block_size, "out_block_size")
-    bm_in, bk_in = _check_x_block_size(x_block_size, bm, bk)
+    bm_in, bk_in, bm, bk = check_block_sizes(x_block_size, out_block_size)
     for name, value in (
         ("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
         ("round_sf", round_sf),
@@ -124,38 +147,65 @@ def per_block_cast_lossless(
     hidden = 2 * half
     in_packed = sf_in.dtype == torch.int32
     check_out_sf(sf_in, "x[1]", ceil_div(num_tokens, bm_in), ceil_div(hidden, bk_in), in_packed, data)
+    num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
+    out_data = out_sf = None
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a (data, sf) pair (either may be None), got {type(out).__name__}")
+        out_data, out_sf = out
+        if out_data is not None:
+            check_out_data(out_data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, data)
+        if out_sf is not None:
+            check_out_sf(out_sf, "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, data)
 
     if not data.is_cuda:  # the slow path: the reference (raises on a block it cannot cast exactly)
         from tilebake.torch import per_block_cast_lossless as reference
 
-        return reference(
+        y, sf = reference(
             (data, sf_in), "e4m3", (bm_in, bk_in), (bm, bk), use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0
         )
+        return (y if out_data is None else out_data.copy_(y)), (sf if out_sf is None else out_sf.copy_(sf))
 
-    out = data.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    sf = alloc_sf(data, ceil_div(num_tokens, bm), ceil_div(hidden, bk), use_packed_ue8m0, use_tma_aligned_col_major_sf)
+    y = out_data if out_data is not None else data.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    sf = out_sf
+    if sf is None:
+        sf = alloc_sf(data, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     if num_tokens == 0 or hidden == 0:
-        return out, sf
-    data_ptr = data.data_ptr()
-    if data_ptr % 16:
-        check_aligned(data_ptr, "x[0]")
-    in_size, size = sf_in.element_size(), sf.element_size()  # the kernel addresses SF in bytes
-    # The kernel reads and writes 4-byte words (8 codes in, 4 e4m3 bytes out); row strides in
-    # words (a single row's stride is never used).
-    x_stride = data.stride(0) // 4 if num_tokens > 1 else 0
-    _KERNELS[bm, bk](
-        data.get_device(),
-        data_ptr, out.data_ptr(), sf_in.data_ptr(), sf_in.data_ptr(), sf.data_ptr(),
-        int(in_packed), sf_in.stride(0) * in_size, sf_in.stride(1) * in_size,
-        bm_in.bit_length() - 1, bk_in.bit_length() - 1,
-        int(use_packed_ue8m0), sf.stride(0) * size, sf.stride(1) * size,
-        num_tokens, hidden // 8, x_stride, out.stride(0) // 4,
-    )  # fmt: skip
+        return y, sf
+    launch(data, sf_in, y, sf, (bm_in, bk_in), (bm, bk), use_packed_ue8m0)
     if check:
-        bad = (sf.view(torch.uint8) == 0xFF) if use_packed_ue8m0 else torch.isnan(sf)
+        if use_packed_ue8m0:  # any byte 0xFF (read by shifts: a column-major view has no byte view)
+            bad = torch.stack([((sf >> shift) & 0xFF) == 0xFF for shift in (0, 8, 16, 24)])
+        else:
+            bad = torch.isnan(sf)
         if bool(bad.any()):
             raise ValueError(
                 "per_block_cast_lossless: some output blocks cannot be re-quantised exactly (their input scales "
                 "are not normal powers of two within a ratio of 2^11); their scales are NaN"
             )
-    return out, sf
+    return y, sf
+
+
+def launch(data, sf_in, y, sf, x_block_size, out_block_size, use_packed_ue8m0: bool, kernels=_KERNELS) -> None:
+    """One launch writing y and sf (checked, non-empty). `kernels`: the loader's table, or a
+    stand-in with the same call (tests run the kernel's C++ on the CPU through one)."""
+    (bm_in, bk_in), (bm, bk) = x_block_size, out_block_size
+    num_tokens, hidden = y.shape
+    data_ptr, y_ptr = data.data_ptr(), y.data_ptr()
+    if data_ptr % 16:
+        check_aligned(data_ptr, "x[0]")
+    if y_ptr % 16:
+        check_aligned(y_ptr, "out[0]")
+    in_size, size = sf_in.element_size(), sf.element_size()  # the kernel addresses SF in bytes
+    # The kernel reads and writes 4-byte words (8 codes in, 4 e4m3 bytes out); row strides in
+    # words (a single row's stride is never used).
+    x_stride = data.stride(0) // 4 if num_tokens > 1 else 0
+    y_stride = y.stride(0) // 4 if num_tokens > 1 else 0
+    kernels["e4m3",](
+        data.get_device(),
+        data_ptr, y_ptr, sf_in.data_ptr(), sf_in.data_ptr(), sf.data_ptr(),
+        int(sf_in.dtype == torch.int32), sf_in.stride(0) * in_size, sf_in.stride(1) * in_size,
+        bm_in.bit_length() - 1, bk_in.bit_length() - 1, bm.bit_length() - 1, bk.bit_length() - 1,
+        int(use_packed_ue8m0), sf.stride(0) * size, sf.stride(1) * size,
+        num_tokens, hidden // 8, x_stride, y_stride,
+    )  # fmt: skip
