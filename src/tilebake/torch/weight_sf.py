@@ -1,25 +1,23 @@
 """Plain-PyTorch reference of batched_transpose_weight_sf: fp32 power-of-two weight block scales ->
-the packed UE8M0 scale layouts DeepGEMM's SM100 FP8 GEMMs read.
-
-Interpretation (api.md 1.2.4 gives only the signature and one sentence; this is the layout DeepGEMM's
-``transform_sf_into_required_layout`` produces for a (bs, bs) block-scaled B operand with UE8M0 scales):
+the packed UE8M0 scale layouts DeepGEMM's FP8 GEMMs read (api.md 1.2.4 and 1.12).
 
 A weight ``W`` (n, k) quantised in (bs, bs) blocks has fp32 scales ``sf`` (n/bs, k/bs), or (G, n/bs, k/bs)
-for G grouped weights (MoE experts). DeepGEMM wants the scales of a K-major operand at (1, bs)
-granularity: one scale per *row* and per bs-wide K block, as UE8M0 exponent bytes packed four to an
-int32 along K, stored MN-major (column-major) with the row count padded to 4 words (16 bytes, TMA
-alignment), as a (rows, words) view with strides (1, padded rows); grouped: (G, rows, words) with the
-group stride words * padded rows.
+for G grouped weights (MoE experts). Both layouts hold the scales at (1, bs) granularity, one per row
+of the operand and per bs-wide block of its contraction dim, as UE8M0 exponent bytes packed four to an
+int32 along the contraction dim (unused bytes of a last partial word are zero):
 
 * ``sf0``: the scales of ``W`` as the B operand of the forward GEMM ``x @ W^T`` (contraction over k):
-  int32 (n, ceil(k/bs/4)); byte j of word w of row i is the exponent byte of ``sf[i // bs, 4w + j]``.
-* ``sf1``: with ``transpose_sf1 = True``, the scales of ``W^T`` (k, n), the B operand of the backward
-  GEMM ``dy @ W`` (contraction over n): int32 (k, ceil(n/bs/4)); byte j of word w of row i is the
-  exponent byte of ``sf[4w + j, i // bs]``. With ``transpose_sf1 = False`` no second layout is made
-  and ``sf1`` is None.
+  int32 (n, ceil(k/bs/4)) MN-major, the transposed view of a (ceil(k/bs/4), n) buffer (strides (1, n));
+  byte j of word w of row i is the exponent byte of ``sf[i // bs, 4w + j]``.
+* ``sf1``: the scales of ``W^T`` (k, n), the B operand of the backward GEMM ``dy @ W`` (contraction over
+  n), in a (ceil(n/bs/4), k) buffer: byte j of word w at column i is the exponent byte of
+  ``sf[4w + j, i // bs]``. With ``transpose_sf1`` it is returned as that buffer itself (strides (k, 1)),
+  without as its transposed (k, ceil(n/bs/4)) MN-major view (strides (1, k)).
 
-Unused bytes of a last partial word are zero. The exponent byte of an fp32 power of two ``2^e`` is
-``e + 127`` (its fp32 exponent field); any other scale (not a positive normal power of two) is an error.
+Grouped: the same per group, (G, ...) with the group stride the buffer's size. n = n/bs * bs and
+k = k/bs * bs are multiples of bs (32 or 128), so the MN-major buffers need no TMA padding. The
+exponent byte of an fp32 power of two ``2^e`` is ``e + 127`` (its fp32 exponent field); any other scale
+(not a positive normal power of two) is an error.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["batched_transpose_weight_sf", "weight_sf_layout"]
+__all__ = ["batched_transpose_weight_sf", "weight_sf_layout", "sf1_layout", "sf_shapes"]
 
 WEIGHT_SF_BLOCK_SIZES = (32, 128)
 
@@ -38,13 +36,27 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def weight_sf_layout(rows: int, cols: int, num_groups: Optional[int], device, dtype=torch.int32) -> torch.Tensor:
-    """An empty MN-major TMA-aligned packed layout: (G?, rows, ceil(cols/4)) int32, strides (.., 1, padded rows)."""
+    """An empty MN-major packed layout: the (G?, rows, ceil(cols/4)) int32 transposed view of a
+    (G?, ceil(cols/4), rows) buffer, strides (.., 1, rows). Uninitialised: every word is written."""
     words = _ceil_div(cols, 4)
-    padded = _ceil_div(rows, 4) * 4
     g = 1 if num_groups is None else num_groups
-    buf = torch.zeros((g, words, padded), dtype=dtype, device=device)
-    view = buf.transpose(1, 2)[:, :rows]
+    view = torch.empty((g, words, rows), dtype=dtype, device=device).transpose(1, 2)
     return view[0] if num_groups is None else view
+
+
+def sf1_layout(nb: int, k: int, num_groups: Optional[int], transpose: bool, device) -> torch.Tensor:
+    """An empty sf1 as returned: the (G?, ceil(nb/4), k) buffer when `transpose`, else its
+    (G?, k, ceil(nb/4)) transposed view."""
+    view = weight_sf_layout(k, nb, num_groups, device)
+    return view.transpose(-1, -2) if transpose else view
+
+
+def sf_shapes(s: torch.Tensor, block_size: int, transpose: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of (sf0, sf1) for the scales `s` (n/bs, k/bs) or (G, n/bs, k/bs)."""
+    *groups, nb, kb = s.shape
+    n, k = nb * block_size, kb * block_size
+    sf1 = (_ceil_div(nb, 4), k) if transpose else (k, _ceil_div(nb, 4))
+    return (*groups, n, _ceil_div(kb, 4)), (*groups, *sf1)
 
 
 def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
@@ -77,10 +89,12 @@ def batched_transpose_weight_sf(
     sf: Sequence[torch.Tensor],
     block_size: int,
     transpose_sf1s: Sequence[bool],
-    outs: Optional[Sequence[Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]]] = None,
-) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    outs: Optional[Sequence[Optional[Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]]]] = None,
+) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """For each weight's fp32 power-of-two block scales, the DeepGEMM UE8M0 layouts ``(sf0, sf1)``
-    described in the module docstring; ``outs[i]`` (optional) receives them in place."""
+    described in the module docstring. ``outs[i]`` (optional) is None or a pair whose tensors (of
+    the returned shapes, any strides) receive them and are returned themselves; a None part is
+    allocated."""
     if block_size not in WEIGHT_SF_BLOCK_SIZES or isinstance(block_size, bool):
         raise ValueError(f"block_size must be one of {WEIGHT_SF_BLOCK_SIZES}, got {block_size!r}")
     sf = list(sf)
@@ -98,12 +112,15 @@ def batched_transpose_weight_sf(
         grouped = s.dim() == 3
         s3 = s if grouped else s.unsqueeze(0)
         g, nb, kb = s3.shape
+        groups = g if grouped else None
+        sf0, sf1 = (None, None) if out is None else out
+        if sf0 is None:
+            sf0 = weight_sf_layout(nb * block_size, kb, groups, s.device)
+        if sf1 is None:
+            sf1 = sf1_layout(nb, kb * block_size, groups, transpose, s.device)
         exps = (s3.contiguous().view(torch.int32) >> 23) & 0xFF
-        sf0 = out[0] if out is not None else weight_sf_layout(nb * block_size, kb, g if grouped else None, s.device)
         _pack_rows(exps, block_size, sf0 if grouped else sf0.unsqueeze(0))
-        sf1 = None
-        if transpose:
-            sf1 = out[1] if out is not None else weight_sf_layout(kb * block_size, nb, g if grouped else None, s.device)
-            _pack_rows(exps.transpose(1, 2), block_size, sf1 if grouped else sf1.unsqueeze(0))
+        sf1_rows = sf1.transpose(-1, -2) if transpose else sf1  # (G?, k, words) either way
+        _pack_rows(exps.transpose(1, 2), block_size, sf1_rows if grouped else sf1_rows.unsqueeze(0))
         results.append((sf0, sf1))
     return results
