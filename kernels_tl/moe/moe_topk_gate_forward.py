@@ -1,33 +1,48 @@
 """moe_topk_gate_forward (the MoE router forward) as a TileLang factory. Build time only.
 
-One warp per token, 4 tokens per CTA. Lane l holds experts l, l + 32, ..., l + 480 (slot j holds
-expert j * 32 + l; up to 512 experts), so each load instruction of a warp reads 128 consecutive
-bytes. The token's routed experts are picked one slot at a time, every lane ending with the same
-(warp-uniform) expert id e, whose unbiased score is then fetched from its owner lane e % 32:
-  - top-k: the selection values as order-preserving uint32 keys (-0 as +0); each lane's best
-    available key (not taken, in a kept group; the first of equal keys is its smaller expert),
-    then __reduce_max_sync of the keys and __reduce_min_sync of the experts holding the max:
-    ties go to the smaller expert, and every lane gets the same answer;
-  - grouped (num_groups > 1): first each group's top-2 sum by a butterfly on (max, second) (one
-    pass over the slots when a group is whole slots, group size % 32 == 0), then
-    num_topk_groups rounds of a (score, -group) argmax butterfly over the group lanes;
-  - fixed routing: the ids read from unmapped_topk_idx;
-  - force_random: hashed draws (tilebake.torch.gate.random_experts), a taken draw redrawn, the
-    argmax round with all values 0 (the smallest free expert) as the fallback.
-Slots come in chunks of 4 (128 experts); a chunk past the last expert is skipped by a warp-uniform
-branch. A non-finite logit (a warp vote) makes the token unrouted before any selection, so the
-selection never sees a NaN. Every loop has a fixed or argument bound (the random draws: 64 per
-slot), so nothing can hang. CPU check without a GPU: build_tools/warp_emu.py and
-tests/moe/test_moe_topk_gate_forward_emulated.py.
-Everything but the scoring function is a runtime argument (the FLAG_* bits of `flags`; an
-absent tensor is given a valid dummy pointer and never read).
+Variants with max_experts <= 512: one warp per token, WARPS tokens per CTA. Lane l holds
+experts l, l + 32, ... (slot j holds expert j * 32 + l), so each load instruction of a warp reads
+128 consecutive bytes; slots come in chunks of 4, a chunk past the last expert skipped by a
+warp-uniform branch. The token's scores go to a shared-memory row (the weights read the picked
+experts' scores from it) and, if asked, to `Scores`. Then, by the token's mode (warp-uniform):
+  - top-k (gate_parts.select_topk): per-lane top-2 caches of the selection keys, one expert per
+    round by two redux.sync, ties to the smaller expert;
+  - grouped (num_groups > 1): each group's top-2 sum (one pass over the slots when a group is
+    whole slots, group size % 32 == 0; else one pass per group), the num_topk_groups best groups
+    by redux rounds, and the other groups' keys cleared before the top-k;
+  - fixed routing: the ids read from unmapped_topk_idx; force_random: gate_parts.random_slots.
+A non-finite logit (a warp vote) makes the token unrouted before any selection. Every loop has a
+fixed or argument bound (a random slot: at most 64 draws), so nothing can hang.
+max_experts > 512: moe_topk_gate_forward_wide.py (one CTA per token).
+CPU check without a GPU: build_tools/warp_emu.py, tests/moe/test_moe_topk_gate_forward_emulated.py.
+Everything but the scoring function and the expert bound is a runtime argument (the FLAG_* bits
+of `flags`; an absent tensor is given a valid dummy pointer and never read).
+
+H200, 16384 tokens x 256 experts, top-8, bias: 27 us a call in CUDA-graph replay (the original:
+38.0 us; the kernel before, whose rounds rescanned every slot with 115 registers: 66 us); 48
+registers, 40 warps per SM. build()'s knobs (warps per CTA, tokens per warp with the next
+token's logits prefetched, a branch-free softplus, a minimum of CTAs per SM) gave nothing beyond
+the run-to-run spread (bench/results/2026-12-01-NVIDIA-H200/router, bench/gate_candidates.py).
 """
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import fmix32
+from kernels_tl.moe import moe_topk_gate_forward_wide as wide
+from kernels_tl.moe.gate_parts import (
+    NONE,
+    group_of,
+    key_value,
+    okey,
+    random_slots,
+    redux_max,
+    redux_min,
+    score_value,
+    select_topk,
+    top2_merge_xor,
+    write_outputs,
+)
 from tilebake.moe.moe_topk_gate_forward import (
-    DRAWS_PER_SLOT,
+    FAST_MAX_EXPERTS,
     FLAG_BIAS,
     FLAG_FIX,
     FLAG_IMAGE,
@@ -36,38 +51,137 @@ from tilebake.moe.moe_topk_gate_forward import (
     FLAG_RANDOM,
     FLAG_SCORES,
     FLAG_UNMAPPED,
-    GOLDEN,
     PHYSICAL_STRIDE,
     MoeTopkGateForwardVariant,
 )
 
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded by hand
+# Every access is guarded by hand; a warp reads only its own shared row (after __syncwarp).
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 WARPS = 4
-SLOTS = 16  # experts per lane: 512 / 32
+TOKENS_PER_WARP = 1
+SELECT_SOFTPLUS = False
 CHUNK = 4  # slots per chunk: a chunk past the last expert is skipped by a warp-uniform branch
-CHUNKS = SLOTS // CHUNK
-NO_EXPERT = 1 << 30  # the argmax sentinel's id
-FULL = 0xFFFFFFFF  # every lane of the warp
-ZERO_KEY = 0x80000000  # the key of 0.0
-
-
-def bit_set(word, j):
-    """Bit j of the uint32 `word` is 1."""
-    return (T.shift_right(word, T.cast(j, "uint32")) & T.uint32(1)) != T.uint32(0)
-
-
-def group_of(expert, inv):
-    """expert // group size, with inv = ceil(2^32 / group size): umulhi is exact for experts < 2^16."""
-    return T.cast(T.call_extern("uint32", "__umulhi", T.cast(expert, "uint32"), inv), "int32")
 
 
 def _nan():
     return T.reinterpret(T.uint32(0x7FC00000), "float32")
 
 
-def build(v: MoeTopkGateForwardVariant):
+@T.macro
+def keep_best_groups(keys, slots, lane, num_experts, num_groups, num_topk_groups):
+    """DeepSeek-V3 groups: clear the keys of every group but the num_topk_groups of largest top-2
+    sums (ties to the smaller group)."""
+    gsize = T.alloc_var("int32")
+    inv = T.alloc_var("uint32")
+    gk = T.alloc_var("uint32")  # lane g < num_groups: group g's score as a key
+    gmask = T.alloc_var("uint32")
+    m = T.alloc_var("uint32")
+    gi = T.alloc_var("uint32")
+    a = T.alloc_local((2,), "uint32")
+    gsize = num_experts // num_groups
+    inv = T.uint32(0xFFFFFFFF) // T.cast(gsize, "uint32") + T.uint32(1)
+    gk = T.uint32(0)
+    a[0] = T.uint32(0)
+    a[1] = T.uint32(0)
+    if gsize % 32 == 0:
+        # A group is whole slots (e.g. 256 experts in 8 groups): one pass, a butterfly per group.
+        for c in T.unroll(slots // CHUNK):
+            if c * CHUNK * 32 < num_experts:
+                for jj in T.unroll(CHUNK):
+                    j = c * CHUNK + jj
+                    if j * 32 < num_experts:  # uniform: num_experts % 32 == 0 here
+                        a[1] = T.max(a[1], T.min(a[0], keys[j]))
+                        a[0] = T.max(a[0], keys[j])
+                        if group_of((j + 1) * 32, inv) != group_of(j * 32, inv):  # the group ends
+                            top2_merge_xor(a)
+                            if lane == group_of(j * 32, inv):
+                                gk = okey(key_value(a[0]) + key_value(a[1]))
+                            a[0] = T.uint32(0)
+                            a[1] = T.uint32(0)
+    else:
+        for g in T.serial(num_groups):
+            for c in T.unroll(slots // CHUNK):
+                if c * CHUNK * 32 < num_experts:
+                    for jj in T.unroll(CHUNK):
+                        j = c * CHUNK + jj
+                        if j * 32 + lane < num_experts and group_of(j * 32 + lane, inv) == g:
+                            a[1] = T.max(a[1], T.min(a[0], keys[j]))
+                            a[0] = T.max(a[0], keys[j])
+            top2_merge_xor(a)
+            if lane == g:
+                gk = okey(key_value(a[0]) + key_value(a[1]))
+            a[0] = T.uint32(0)
+            a[1] = T.uint32(0)
+    gmask = T.uint32(0)
+    for r in T.serial(num_topk_groups):
+        m = redux_max(gk)
+        gi = redux_min(T.if_then_else(gk == m and m != T.uint32(0), T.cast(lane, "uint32"), T.uint32(NONE)))
+        if gi < T.uint32(32):
+            gmask = gmask | T.shift_left(T.uint32(1), gi)
+            if T.cast(lane, "uint32") == gi:
+                gk = T.uint32(0)
+    for c in T.unroll(slots // CHUNK):
+        if c * CHUNK * 32 < num_experts:
+            for jj in T.unroll(CHUNK):
+                j = c * CHUNK + jj
+                if j * 32 + lane < num_experts:
+                    if (T.shift_right(gmask, T.cast(group_of(j * 32 + lane, inv), "uint32")) & T.uint32(1)) == 0:
+                        keys[j] = T.uint32(0)
+
+
+@T.macro
+def pick_experts(keys, st, nst, sc, my_e, my_k, lost, slots, lane, t, fixed, rand, image, flags, Unmapped, Bias,
+                 ImageBias, ep_rank, num_experts, num_topk, num_groups, num_topk_groups):  # fmt: skip
+    """Lane r < num_topk gets the token's slot-r expert in my_e[0] (lost[0] = 1: not routable), by
+    the token's mode: fixed routing, force_random, or the (grouped) top-k of score + bias."""
+    bv = T.alloc_var("float32")
+    u = T.alloc_var("int64")
+    if fixed != 0:
+        if lane < num_topk:
+            u = Unmapped[t, lane]
+            if u < T.int64(0) or u >= T.cast(num_experts, "int64"):
+                lost[0] = 1
+            else:
+                my_e[0] = T.cast(u, "int32")
+    elif rand != 0:
+        random_slots(my_e, lane, t, ep_rank, num_experts, num_topk)
+    else:
+        # Selection keys of score + bias (image_bias for image tokens).
+        for c in T.unroll(slots // CHUNK):
+            if c * CHUNK * 32 < num_experts:
+                for jj in T.unroll(CHUNK):
+                    j = c * CHUNK + jj
+                    keys[j] = T.uint32(0)
+                    if j * 32 + lane < num_experts:
+                        bv = T.float32(0)
+                        if image != 0:
+                            bv = ImageBias[j * 32 + lane]
+                        elif (flags & FLAG_BIAS) != 0:
+                            bv = Bias[j * 32 + lane]
+                        keys[j] = okey(sc[j] + bv)
+        if num_groups > 1:
+            keep_best_groups(keys, slots, lane, num_experts, num_groups, num_topk_groups)
+        select_topk(
+            keys, st, nst, slots, CHUNK, lambda c: c * CHUNK * 32 < num_experts,
+            lambda j: T.cast(j * 32 + lane, "uint32"), True, lane, num_topk, my_e, my_k, lost,
+        )  # fmt: skip
+
+
+def build(
+    v: MoeTopkGateForwardVariant,
+    warps: int = WARPS,
+    tpw: int = TOKENS_PER_WARP,
+    select_softplus: bool = SELECT_SOFTPLUS,
+    min_blocks: int = 0,
+):
+    """The kernel of v. warps (per CTA), tpw (tokens per warp), select_softplus, min_blocks: tuning
+    knobs (bench/gate_candidates.py)."""
+    if v.max_experts > FAST_MAX_EXPERTS:
+        return wide.build(v)
     func = v.scoring_func
+    SLOTS = v.max_experts // 32
+    CHUNKS = SLOTS // CHUNK
     NAN = _nan()
     num_tokens = T.dynamic("num_tokens")
     num_experts = T.dynamic("num_experts")
@@ -100,331 +214,145 @@ def build(v: MoeTopkGateForwardVariant):
         num_groups: T.int32,
         num_topk_groups: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=WARPS * 32) as b:
+        with T.Kernel(T.ceildiv(num_tokens, warps * tpw), threads=warps * 32) as b:
+            if min_blocks:
+                T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding(0)
             lane = T.alloc_var("int32")
+            w = T.alloc_var("int32")
             t = T.alloc_var("int32")
+            t0 = T.alloc_var("int32")
             lane = tx % 32
-            t = b * WARPS + tx // 32
-            sc = T.alloc_local((SLOTS,), "float32")  # unbiased scores
-            sel = T.alloc_local((SLOTS,), "float32")  # selection values: score + bias
-            keys = T.alloc_local((SLOTS,), "uint32")  # sel as order-preserving integers
-            kb = T.alloc_var("uint32")
-            lk = T.alloc_var("uint32")
-            li = T.alloc_var("int32")
-            mk = T.alloc_var("uint32")
-            bu = T.alloc_var("uint32")
-            gid = T.alloc_local((SLOTS,), "int32")  # group of each held expert
+            w = tx // 32
+            row = T.alloc_shared((warps, SLOTS * 32), "float32")  # each warp's token's scores
+            sc = T.alloc_local((SLOTS,), "float32")
+            nx = T.alloc_local((SLOTS,), "float32")  # tpw > 1: the next token's logits
+            keys = T.alloc_local((SLOTS,), "uint32")
+            st = T.alloc_local((4,), "uint32")
+            nst = T.alloc_local((4,), "uint32")
+            my_e = T.alloc_local((1,), "int32")  # lane r < num_topk: slot r's expert
+            my_k = T.alloc_local((1,), "uint32")  # (unused here: the wide kernel merges keys)
+            lost = T.alloc_local((1,), "int32")
             nonfinite = T.alloc_var("int32")
             bad = T.alloc_var("int32")
             routed = T.alloc_var("int32")
             rand = T.alloc_var("int32")
             fixed = T.alloc_var("int32")
             image = T.alloc_var("int32")
-            allow = T.alloc_var("uint32")  # bit j: slot j's expert may be picked
-            taken = T.alloc_var("uint32")  # bit j: slot j's expert is picked
-            gmask = T.alloc_var("uint32")  # bit g: group g is kept
-            my_g = T.alloc_var("float32")  # group `lane`'s score
-            g_taken = T.alloc_var("int32")
-            a1 = T.alloc_var("float32")
-            a2 = T.alloc_var("float32")
-            b1 = T.alloc_var("float32")
-            b2 = T.alloc_var("float32")
-            bv = T.alloc_var("float32")
-            bi = T.alloc_var("int32")
-            ov = T.alloc_var("float32")
-            oi = T.alloc_var("int32")
-            e = T.alloc_var("int32")
-            ex = T.alloc_var("int32")
-            found = T.alloc_var("int32")
-            seed = T.alloc_var("uint32")
-            h = T.alloc_var("uint32")
-            cand = T.alloc_var("int32")
-            v = T.alloc_var("float32")
-            s = T.alloc_var("float32")
-            denom = T.alloc_var("float32")
-            my_e = T.alloc_var("int32")
-            my_s = T.alloc_var("float32")
+            zero_row = T.alloc_var("int32")
+            lp = T.alloc_var("float32")
             m = T.alloc_var("float32")
             total = T.alloc_var("float32")
-            gsize = T.alloc_var("int32")
-            inv = T.alloc_var("uint32")
-            le = T.alloc_var("int32")
-            cnt = T.alloc_var("int32")
-            phys = T.alloc_var("int64")
-            w = T.alloc_var("float32")
-            if t < num_tokens:
-                # Load the logits (an absent expert: 0, never picked) and find non-finite ones.
-                nonfinite = 0
-                for c in T.unroll(CHUNKS):
-                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                        for jj in T.unroll(CHUNK):
-                            j = c * CHUNK + jj
-                            sc[j] = T.float32(0)
-                            if j * 32 + lane < num_experts:
-                                sc[j] = L[t, j * 32 + lane]
-                                if not T.isfinite(sc[j]):
-                                    nonfinite = 1
-                for k in T.unroll(5):
-                    nonfinite = T.max(nonfinite, T.shfl_xor(nonfinite, 1 << k))
-                bad = nonfinite
-                # Scores.
-                if func == "softmax":
-                    m = -T.infinity("float32")
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                if j * 32 + lane < num_experts:
-                                    m = T.max(m, sc[j])
-                    for k in T.unroll(5):
-                        m = T.max(m, T.shfl_xor(m, 1 << k))
-                    total = T.float32(0)
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                if j * 32 + lane < num_experts:
-                                    sc[j] = T.exp(sc[j] - m)
-                                    total = total + sc[j]
-                    for k in T.unroll(5):
-                        total = total + T.shfl_xor(total, 1 << k)
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                sc[j] = sc[j] / total
-                elif func == "sigmoid":
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                sc[j] = T.float32(1) / (T.float32(1) + T.exp(-sc[j]))
-                else:
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                sc[j] = T.sqrt(T.if_then_else(sc[j] > T.float32(20), sc[j], T.log1p(T.exp(sc[j]))))
-                if (flags & FLAG_SCORES) != 0:
-                    for c in T.unroll(CHUNKS):
-                        if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                            for jj in T.unroll(CHUNK):
-                                j = c * CHUNK + jj
-                                if j * 32 + lane < num_experts:
-                                    Scores[t, j * 32 + lane] = T.if_then_else(bad != 0, NAN, sc[j])
-                # The token's mode: mask > force_random > fix_routing_mask > top-k.
-                routed = 1
-                if (flags & FLAG_MASK) != 0:
-                    routed = T.if_then_else(Mask[t] != T.int8(0), 1, 0)
-                rand = 0
-                if (flags & FLAG_RANDOM) != 0:
-                    rand = T.if_then_else(Random[t] != T.int8(0), routed, 0)
-                fixed = 0
-                if (flags & FLAG_FIX) != 0:
-                    fixed = T.if_then_else(FixMask[t] != T.int8(0), routed * (1 - rand), 0)
-                image = 0
-                if (flags & FLAG_IMAGE) != 0:
-                    image = T.if_then_else(ImageMask[t] != T.int8(0), 1, 0)
-                allow = T.uint32(0)
-                for c in T.unroll(CHUNKS):
-                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                        for jj in T.unroll(CHUNK):
-                            j = c * CHUNK + jj
-                            sel[j] = sc[j]
-                            if j * 32 + lane < num_experts:
-                                allow = allow | T.shift_left(T.uint32(1), T.uint32(j))
-                                if image != 0:
-                                    sel[j] = sc[j] + ImageBias[j * 32 + lane]
-                                elif (flags & FLAG_BIAS) != 0:
-                                    sel[j] = sc[j] + Bias[j * 32 + lane]
-                                else:
-                                    sel[j] = sc[j] + T.float32(0)
-                                # The order-preserving integer key of sel[j] (-0 as +0).
-                                kb = T.reinterpret(sel[j], "uint32")
-                                if kb == T.uint32(0x80000000):
-                                    kb = T.uint32(0)
-                                if kb >= T.uint32(0x80000000):
-                                    keys[j] = ~kb
-                                else:
-                                    keys[j] = kb | T.uint32(0x80000000)
-                taken = T.uint32(0)
-                denom = T.float32(1e-20)
-                my_e = 0
-                my_s = T.float32(0)
-                if routed != 0 and bad == 0:
-                    # DeepSeek-V3 groups: keep the num_topk_groups groups of largest top-2 sums.
-                    if num_groups > 1 and rand == 0 and fixed == 0:
-                        gsize = num_experts // num_groups
-                        # x // gsize for x < 2^16 as umulhi(x, ceil(2^32 / gsize)): exact (x * gsize < 2^32).
-                        inv = T.uint32(0xFFFFFFFF) // T.cast(gsize, "uint32") + T.uint32(1)
+            my_s = T.alloc_var("float32")
+            denom = T.alloc_var("float32")
+            t0 = (b * warps + w) * tpw  # the warp's first token; it routes tpw consecutive tokens
+            for i in T.serial(tpw):
+                t = t0 + i
+                if t < num_tokens:
+                    if i == 0:  # the first token's logits (an absent expert: 0, never picked)
                         for c in T.unroll(CHUNKS):
                             if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
                                 for jj in T.unroll(CHUNK):
-                                    j = c * CHUNK + jj
-                                    gid[j] = group_of(j * 32 + lane, inv)
-                        my_g = -T.infinity("float32")
-                        if gsize % 32 == 0:
-                            # A group is whole slots (e.g. 256 experts in 8 groups): one pass over the
-                            # slots, a top-2 butterfly at the end of each group.
-                            a1 = -T.infinity("float32")
-                            a2 = -T.infinity("float32")
-                            for c in T.unroll(CHUNKS):
-                                if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                                    for jj in T.unroll(CHUNK):
-                                        j = c * CHUNK + jj
-                                        if j * 32 < num_experts:  # uniform: num_experts % 32 == 0 here
-                                            if sel[j] > a1:
-                                                a2 = a1
-                                                a1 = sel[j]
-                                            elif sel[j] > a2:
-                                                a2 = sel[j]
-                                            if group_of((j + 1) * 32, inv) != group_of(j * 32, inv):  # group ends
-                                                for k in T.unroll(5):
-                                                    b1 = T.shfl_xor(a1, 1 << k)
-                                                    b2 = T.shfl_xor(a2, 1 << k)
-                                                    a2 = T.max(T.min(a1, b1), T.max(a2, b2))
-                                                    a1 = T.max(a1, b1)
-                                                if lane == group_of(j * 32, inv):
-                                                    my_g = a1 + a2
-                                                a1 = -T.infinity("float32")
-                                                a2 = -T.infinity("float32")
-                        else:
-                            for g in T.serial(num_groups):
-                                a1 = -T.infinity("float32")
-                                a2 = -T.infinity("float32")
-                                for c in T.unroll(CHUNKS):
-                                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                                        for jj in T.unroll(CHUNK):
-                                            j = c * CHUNK + jj
-                                            if j * 32 + lane < num_experts and gid[j] == g:
-                                                if sel[j] > a1:
-                                                    a2 = a1
-                                                    a1 = sel[j]
-                                                elif sel[j] > a2:
-                                                    a2 = sel[j]
-                                for k in T.unroll(5):
-                                    b1 = T.shfl_xor(a1, 1 << k)
-                                    b2 = T.shfl_xor(a2, 1 << k)
-                                    a2 = T.max(T.min(a1, b1), T.max(a2, b2))
-                                    a1 = T.max(a1, b1)
-                                if lane == g:
-                                    my_g = a1 + a2
-                        gmask = T.uint32(0)
-                        g_taken = 0
-                        for r in T.serial(num_topk_groups):
-                            bv = -T.infinity("float32")
-                            bi = NO_EXPERT
-                            if lane < num_groups and g_taken == 0:
-                                bv = my_g
-                                bi = lane
-                            for k in T.unroll(5):
-                                ov = T.shfl_xor(bv, 1 << k)
-                                oi = T.shfl_xor(bi, 1 << k)
-                                if ov > bv or (ov == bv and oi < bi):
-                                    bv = ov
-                                    bi = oi
-                            if bi < 32:
-                                gmask = gmask | T.shift_left(T.uint32(1), T.cast(bi, "uint32"))
-                                if lane == bi:
-                                    g_taken = 1
+                                    sc[c * CHUNK + jj] = T.float32(0)
+                                    if c * CHUNK * 32 + jj * 32 + lane < num_experts:
+                                        sc[c * CHUNK + jj] = L[t, c * CHUNK * 32 + jj * 32 + lane]
+                    if tpw > 1:
+                        T.sync_warp()  # the previous token's row has been read
+                        # Prefetch the next token's logits: their latency hides behind this token.
                         for c in T.unroll(CHUNKS):
-                            if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            if c * CHUNK * 32 < num_experts:
+                                for jj in T.unroll(CHUNK):
+                                    j = c * CHUNK + jj
+                                    nx[j] = T.float32(0)
+                                    if j * 32 + lane < num_experts and i + 1 < tpw and t + 1 < num_tokens:
+                                        nx[j] = L[t + 1, j * 32 + lane]
+                    # The token's mode: mask > force_random > fix_routing_mask > top-k.
+                    routed = 1
+                    if (flags & FLAG_MASK) != 0:
+                        routed = T.if_then_else(Mask[t] != T.int8(0), 1, 0)
+                    rand = 0
+                    if (flags & FLAG_RANDOM) != 0:
+                        rand = T.if_then_else(Random[t] != T.int8(0), routed, 0)
+                    fixed = 0
+                    if (flags & FLAG_FIX) != 0:
+                        fixed = T.if_then_else(FixMask[t] != T.int8(0), routed * (1 - rand), 0)
+                    image = 0
+                    if (flags & FLAG_IMAGE) != 0:
+                        image = T.if_then_else(ImageMask[t] != T.int8(0), 1, 0)
+                    # Non-finite logits.
+                    nonfinite = 0
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                if j * 32 + lane < num_experts and not T.isfinite(sc[j]):
+                                    nonfinite = 1
+                    bad = T.if_then_else(T.any_sync(nonfinite != 0) != 0, 1, 0)
+                    # Scores (softmax: max and sum in slot order, then butterflies, as before).
+                    m = T.float32(0)
+                    total = T.float32(1)
+                    if func == "softmax":
+                        m = -T.infinity("float32")
+                        for c in T.unroll(CHUNKS):
+                            if c * CHUNK * 32 < num_experts:
                                 for jj in T.unroll(CHUNK):
                                     j = c * CHUNK + jj
                                     if j * 32 + lane < num_experts:
-                                        if not bit_set(gmask, gid[j]):
-                                            allow = allow & ~T.shift_left(T.uint32(1), T.uint32(j))
-                    seed = T.cast(ep_rank, "uint32")
-                    seed = fmix32(seed)
-                    seed = seed ^ T.cast(t, "uint32")
-                    seed = fmix32(seed)
-                    for r in T.serial(num_topk):
-                        e = -1
-                        if fixed != 0:
-                            phys = Unmapped[t, r]
-                            if phys < T.int64(0) or phys >= T.cast(num_experts, "int64"):
-                                bad = 1
-                                e = 0
-                            else:
-                                e = T.cast(phys, "int32")
-                        else:
-                            if rand != 0:
-                                found = 0
-                                for a in T.serial(DRAWS_PER_SLOT):
-                                    if found == 0:
-                                        h = seed + T.cast(r * DRAWS_PER_SLOT + a + 1, "uint32") * T.uint32(GOLDEN)
-                                        h = fmix32(h)
-                                        cand = T.cast(h % T.cast(num_experts, "uint32"), "int32")
-                                        h = T.shfl_sync(taken, cand % 32)
-                                        h = T.shift_right(h, T.cast(cand // 32, "uint32"))
-                                        if (h & T.uint32(1)) == T.uint32(0):
-                                            found = 1
-                                            e = cand
-                            if e < 0:
-                                # One argmax round (all keys equal for a random token: the smallest free
-                                # expert): the lane's best (key, expert), the first of equal keys being the
-                                # smaller expert; then the warp's largest key and, among the lanes holding
-                                # it, the smallest expert (two redux.sync).
-                                lk = T.uint32(0)  # 0: no candidate (every float's key exceeds it)
-                                li = NO_EXPERT
-                                for c in T.unroll(CHUNKS):
-                                    if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
-                                        for jj in T.unroll(CHUNK):
-                                            j = c * CHUNK + jj
-                                            if bit_set(allow & ~taken, j):
-                                                kv = T.if_then_else(rand != 0, T.uint32(ZERO_KEY), keys[j])
-                                                if kv > lk:
-                                                    lk = kv
-                                                    li = j * 32 + lane
-                                mk = T.call_extern("uint32", "__reduce_max_sync", T.uint32(FULL), lk)
-                                bu = T.if_then_else(lk == mk, T.cast(li, "uint32"), T.uint32(NO_EXPERT))
-                                bi = T.cast(T.call_extern("uint32", "__reduce_min_sync", T.uint32(FULL), bu), "int32")
-                                if mk != T.uint32(0) and bi < num_experts:
-                                    e = bi
-                                else:
-                                    bad = 1
-                                    e = 0
-                        if lane == e % 32:
-                            taken = taken | T.shift_left(T.uint32(1), T.cast(e // 32, "uint32"))
-                        ex = e // 32
-                        v = T.float32(0)
+                                        m = T.max(m, sc[j])
+                        for k in T.unroll(5):
+                            m = T.max(m, T.shfl_xor(m, 1 << k))
+                        total = T.float32(0)
                         for c in T.unroll(CHUNKS):
-                            if c * CHUNK * 32 < num_experts:  # uniform: skips whole chunks past the experts
+                            if c * CHUNK * 32 < num_experts:
                                 for jj in T.unroll(CHUNK):
                                     j = c * CHUNK + jj
-                                    if j == ex:
-                                        v = sc[j]
-                        s = T.shfl_sync(v, e % 32)
-                        denom = denom + s
-                        if lane == r:
-                            my_e = e
-                            my_s = s
-                # Outputs: lane i writes slot i.
-                if lane < width:
-                    le = -1
-                    w = T.float32(0)
+                                    if j * 32 + lane < num_experts:
+                                        total = total + T.exp(sc[j] - m)
+                        for k in T.unroll(5):
+                            total = total + T.shfl_xor(total, 1 << k)
+                    zero_row = T.if_then_else(routed == 0 or rand != 0, 1, 0)  # such rows' scores are 0
+                    for c in T.unroll(CHUNKS):
+                        if c * CHUNK * 32 < num_experts:
+                            for jj in T.unroll(CHUNK):
+                                j = c * CHUNK + jj
+                                if select_softplus and func == "sqrtsoftplus":
+                                    # Both sides, then a select: no branch per element.
+                                    lp = T.log1p(T.exp(sc[j]))
+                                    sc[j] = T.sqrt(T.if_then_else(sc[j] > T.float32(20), sc[j], lp))
+                                else:
+                                    sc[j] = score_value(func, sc[j], m, total)
+                                row[w, j * 32 + lane] = sc[j]  # (an absent expert's entry is never read)
+                                if j * 32 + lane < num_experts:
+                                    if (flags & FLAG_SCORES) != 0:
+                                        Scores[t, j * 32 + lane] = T.if_then_else(
+                                            zero_row != 0, T.float32(0), T.if_then_else(bad != 0, NAN, sc[j])
+                                        )
+                    T.sync_warp()
+                    my_e[0] = 0
+                    lost[0] = 0
+                    denom = T.float32(1e-20)
+                    my_s = T.float32(0)
                     if routed != 0 and bad == 0:
-                        if lane < num_topk:
-                            le = my_e
-                            w = my_s / denom * scaling
-                        else:
-                            le = num_experts + lane - num_topk
-                            w = T.float32(1)
-                    phys = T.cast(le, "int64")
-                    if le >= 0 and (flags & FLAG_MAP) != 0:
-                        cnt = Count[le]
-                        phys = T.int64(-1)
-                        if cnt >= 1 and cnt <= dup:
-                            phys = T.cast(
-                                Map[le, (T.cast(ep_rank, "int64") + T.cast(t, "int64") * PHYSICAL_STRIDE) % cnt],
-                                "int64",
-                            )
-                    OutIdx[t, lane] = phys
-                    OutW[t, lane] = w
-                    if (flags & FLAG_UNMAPPED) != 0 and lane < num_topk and fixed == 0:
-                        Unmapped[t, lane] = T.if_then_else(
-                            routed != 0 and bad == 0 and rand == 0, T.cast(my_e, "int64"), T.int64(-1)
-                        )
+                        pick_experts(
+                            keys, st, nst, sc, my_e, my_k, lost, SLOTS, lane, t, fixed, rand, image, flags, Unmapped,
+                            Bias, ImageBias, ep_rank, num_experts, num_topk, num_groups, num_topk_groups,
+                        )  # fmt: skip
+                        if T.any_sync(lost[0] != 0 or (lane < num_topk and my_e[0] >= num_experts)) != 0:
+                            bad = 1
+                        if bad == 0:
+                            if lane < num_topk:
+                                my_s = row[w, my_e[0]]
+                            for r in T.serial(num_topk):  # left to right in slot order
+                                denom = denom + T.shfl_sync(my_s, r)
+                    write_outputs(
+                        OutIdx, OutW, Unmapped, Map, Count, t, lane, flags,
+                        T.if_then_else(routed != 0 and bad == 0, 1, 0), rand, fixed, my_e[0], my_s, denom, scaling,
+                        ep_rank, num_experts, num_topk, width, dup, FLAG_MAP, FLAG_UNMAPPED, PHYSICAL_STRIDE,
+                    )  # fmt: skip
+                    if tpw > 1:
+                        for c in T.unroll(CHUNKS):
+                            if c * CHUNK * 32 < num_experts:
+                                for jj in T.unroll(CHUNK):
+                                    sc[c * CHUNK + jj] = nx[c * CHUNK + jj]
 
     return moe_topk_gate_forward_kernel

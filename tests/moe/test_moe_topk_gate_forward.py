@@ -68,6 +68,7 @@ def brute_gate(logits, k, use_shared, num_shared, rsf, ep_rank, func, opts, num_
     finite = torch.isfinite(logits).all(dim=1)
     scores = score(torch.where(finite[:, None], logits, 0.0), func)
     scores[~finite] = math.nan
+    picked_scores = scores.clone()  # the weights use the scores also where the scores row is 0
     idx = torch.full((num_tokens, width), -1, dtype=torch.int64)
     weights = torch.zeros((num_tokens, width), dtype=torch.float32)
     unmapped_in = opts.get("unmapped_topk_idx")
@@ -79,6 +80,7 @@ def brute_gate(logits, k, use_shared, num_shared, rsf, ep_rank, func, opts, num_
 
     for t in range(num_tokens):
         if flag("mask", t) is False:
+            scores[t] = 0.0  # not routed by score: a zero scores row
             if unmapped is not None:
                 unmapped[t] = -1
             continue
@@ -86,6 +88,7 @@ def brute_gate(logits, k, use_shared, num_shared, rsf, ep_rank, func, opts, num_
         fixed = not rand and flag("fix_routing_mask", t) is True
         if rand:
             chosen = brute_random(t, ep_rank, num_experts, k)
+            scores[t] = 0.0
         elif fixed:
             chosen = unmapped_in[t].tolist()
         else:
@@ -110,7 +113,7 @@ def brute_gate(logits, k, use_shared, num_shared, rsf, ep_rank, func, opts, num_
             unmapped[t] = torch.tensor(chosen if ok and not rand else [-1] * k)
         if not ok:
             continue
-        picked = [scores[t, e] for e in chosen]
+        picked = [picked_scores[t, e] for e in chosen]
         denom = torch.tensor(1e-20, dtype=torch.float32)
         for p in picked:
             denom = denom + p
@@ -162,7 +165,8 @@ def separated_logits(num_tokens, num_experts, k, func, bias=None, num_groups=1, 
     implementations' score arithmetic cannot reorder them; a third of the rows get an exact tie
     (a copy of the row's best logit on an expert of equal bias)."""
     bias64 = torch.zeros(num_experts, dtype=torch.float64) if bias is None else bias.double().cpu()
-    step = 5.0 / num_experts
+    # Softmax scores of E experts are ~1/E: a wider logit range keeps thousands of them separated.
+    step = (5.0 if func != "softmax" else max(5.0, 0.004 * num_experts)) / num_experts
 
     def rows(n):
         x = -5.0 + torch.argsort(torch.rand(n, num_experts), dim=1).double() * step
@@ -277,6 +281,23 @@ def test_non_finite_tokens_are_not_routed():
     assert unmapped[1].tolist() == [-1, -1] and unmapped[2].tolist() == [-1, -1]
     assert unmapped[3].tolist() == [7, 7]  # a fixed routing is input: kept
     assert not scores[[0, 4, 5]].isnan().any() and (idx[[0, 4, 5]] >= 0).all()
+
+
+def test_scores_rows_are_zero_unless_routed_by_score_or_fixed():
+    logits = torch.randn(6, 16)
+    logits[5, 2] = math.nan  # non-finite and masked out: 0, not NaN
+    mask = torch.tensor([1, 0, 1, 1, 1, 0], dtype=torch.bool)
+    rand = torch.tensor([0, 1, 1, 0, 0, 0], dtype=torch.bool)
+    fix = torch.tensor([0, 0, 0, 1, 0, 0], dtype=torch.bool)
+    unmapped = torch.tensor([[0, 1]] * 6)
+    scores = torch.full((6, 16), 7.0)
+    moe_topk_gate_forward_ref(logits, 2, False, 0, 1.0, 0, mask=mask, force_random=rand, fix_routing_mask=fix,
+                              unmapped_topk_idx=unmapped, scores=scores)  # fmt: skip
+    expected = score(torch.where(torch.isfinite(logits), logits, 0.0), "sqrtsoftplus")
+    for t in (0, 3, 4):  # by score, fixed (kept, as the original), by score
+        assert torch.equal(scores[t], expected[t])
+    for t in (1, 2, 5):  # masked out (row 1: masked beats random), random, masked out
+        assert (scores[t] == 0).all()
 
 
 def test_fixed_routing_out_of_range_unroutes_the_token():
@@ -435,7 +456,7 @@ def test_strided_logits_and_unmapped_rows():
     "kwargs,error,match",
     [
         (dict(logits=torch.randn(4, 8).double()), TypeError, "logits must be torch.float32"),
-        (dict(logits=torch.randn(4, 513)), ValueError, r"1 to 512 experts"),
+        (dict(logits=torch.randn(4, 8193)), ValueError, r"1 to 8192 experts"),
         (dict(logits=torch.randn(8, 4).t()), ValueError, "logits must have a contiguous last dimension"),
         (dict(num_topk=9), ValueError, r"num_topk must be an int in \[1, 8\]"),
         (dict(num_topk=0), ValueError, r"num_topk must be an int in \[1, 8\]"),
@@ -478,18 +499,31 @@ def test_bad_arguments(kwargs, error, match, fn):
 
 
 def test_variants():
-    from tilebake.moe.moe_topk_gate_forward import MoeTopkGateForwardVariant
+    from tilebake.moe.moe_topk_gate_forward import EXPERT_BOUNDS, MoeTopkGateForwardVariant, expert_bound
 
     ids = [v.id for v in MoeTopkGateForwardVariant.all()]
-    assert len(ids) == 3 and len(set(ids)) == 3
+    assert len(ids) == 9 and len(set(ids)) == 9
+    assert [expert_bound(n) for n in (1, 256, 257, 512, 513, 8192)] == [256, 256, 512, 512, 8192, 8192]
+    assert EXPERT_BOUNDS[-1] == tilebake.torch.gate.MAX_EXPERTS
 
 
 # ---------------------------------------------------------------- GPU: kernel vs reference
 
 
-def assert_gate_equal(got, ref, bad_rows=None):
+def unscored_rows(opts, num_tokens):
+    """The rows whose scores must be 0: masked out, or force_random (among the unmasked)."""
+    rows = torch.zeros(num_tokens, dtype=torch.bool)
+    if "mask" in opts:
+        rows |= ~opts["mask"].cpu()
+    if "force_random" in opts:
+        rows |= opts["force_random"].cpu()
+    return rows
+
+
+def assert_gate_equal(got, ref, bad_rows=None, zero_rows=None):
     """Indices (and unmapped) bit-exact, weights and scores within rtol 1e-5; the messages name the
-    first differing token and slot."""
+    first differing token and slot. bad_rows: the non-finite tokens (NaN scores rows unless in
+    zero_rows); zero_rows: the rows whose scores must be exactly 0."""
     (idx, w, unmapped, scores), (r_idx, r_w, r_unmapped, r_scores) = got, ref
     diff = (idx != r_idx).nonzero()
     if diff.numel():
@@ -508,7 +542,14 @@ def assert_gate_equal(got, ref, bad_rows=None):
     torch.testing.assert_close(w, r_w, rtol=1e-5, atol=1e-7, msg=lambda m: f"topk_weights: {m}")
     nan_rows = scores.isnan().all(dim=1)
     assert torch.equal(scores.isnan(), r_scores.isnan()), "scores: NaN pattern differs"
+    if zero_rows is not None:
+        zero_rows = zero_rows.to(scores.device)
+        assert (scores[zero_rows] == 0).all(), "scores: a masked-out or random row is not 0"
+        assert not (scores[~zero_rows] == 0).all(dim=1).any() or scores.shape[1] == 0, "scores: a scored row is 0"
     if bad_rows is not None:
+        bad_rows = bad_rows.to(scores.device)
+        if zero_rows is not None:
+            bad_rows = bad_rows & ~zero_rows
         assert torch.equal(nan_rows, bad_rows), "scores: NaN rows are not the non-finite tokens"
     torch.testing.assert_close(scores, r_scores, rtol=1e-5, atol=1e-7, equal_nan=True, msg=lambda m: f"scores: {m}")
 
@@ -526,6 +567,11 @@ GPU_SHAPES = [  # (tokens, experts, k, use_shared, num_shared, num_groups, num_t
     (64, 12, 12, True, 1, 3, 3),
     (1000, 512, 8, False, 0, 8, 4),
     (300, 96, 5, False, 0, 3, 1),
+    (513, 600, 8, True, 1, 1, 1),  # one CTA per token from here (more than 512 experts)
+    (300, 1024, 32, False, 0, 8, 3),
+    (129, 2000, 13, True, 2, 20, 5),  # groups of 100: not whole slots
+    (257, 8192, 8, False, 0, 32, 4),
+    (65, 8192, 30, True, 2, 1, 1),
 ]
 
 
@@ -549,7 +595,7 @@ def test_gpu_kernel_matches_reference(func, shape, which):
         tilebake.moe.moe_topk_gate_forward, logits, k, use_shared, num_shared, 1.5, 3, func, opts,
         num_groups=groups, num_topk_groups=top_groups,
     )  # fmt: skip
-    assert_gate_equal(got, ref)
+    assert_gate_equal(got, ref, zero_rows=unscored_rows(opts, num_tokens))
 
 
 @pytest.mark.gpu
@@ -576,7 +622,7 @@ def test_gpu_non_finite_strided_and_out(func):
         idx, w = f(logits, k, True, 2, 2.0, 11, func, out=out, scores=scores, **o)
         assert idx is out[0] and w is out[1]
         results.append((idx, w, o["unmapped_topk_idx"], scores))
-    assert_gate_equal(results[0], results[1], bad.cuda())
+    assert_gate_equal(results[0], results[1], bad, unscored_rows(opts, num_tokens))
     routed = opts["mask"].cpu() & ~bad
     assert (results[0][0].cpu()[~routed] == -1).all()
 
@@ -599,7 +645,7 @@ def test_gpu_force_random_every_token(num_experts, k):
     logits = torch.randn(num_tokens, num_experts, device="cuda")
     opts = {"force_random": torch.ones(num_tokens, dtype=torch.bool, device="cuda")}
     got, ref = call_both(tilebake.moe.moe_topk_gate_forward, logits, k, False, 0, 1.0, 123, "sqrtsoftplus", opts)
-    assert_gate_equal(got, ref)
+    assert_gate_equal(got, ref, zero_rows=torch.ones(num_tokens, dtype=torch.bool))
     assert all(len(set(r)) == k for r in got[0][:64].tolist())
 
 

@@ -1,12 +1,14 @@
-"""The moe_topk_gate_forward kernel's generated CUDA C++, run on the CPU by build_tools/warp_emu.py
-(32 threads play a warp, a barrier at every shuffle) against the reference: the kernel's logic
-(selection, groups, hashing, options, non-finite tokens) checked without a GPU. Opt-in
-(TILEBAKE_EMULATE=1: it lowers the three variants and compiles them with g++, about a minute);
+"""The moe_topk_gate_forward kernels' generated CUDA C++, run on the CPU by build_tools/warp_emu.py
+(a std::thread per CUDA thread, barriers at every warp collective and block barrier) against the
+reference: the kernels' logic (selection, groups, hashing, options, non-finite tokens; the
+one-warp kernels up to 512 experts and the one-CTA kernels above) checked without a GPU. Opt-in
+(TILEBAKE_EMULATE=1: it lowers the nine variants and compiles them with g++, a few minutes);
 needs tilelang and g++. Math functions are glibc's here, so weights and scores are compared with
 the GPU tests' tolerances and the inputs are the GPU tests' separated logits."""
 
 import ctypes
 import importlib
+import json
 import math
 import os
 import shutil
@@ -24,6 +26,7 @@ from tests.moe.test_moe_topk_gate_forward import (
     call_both,
     make_options,
     separated_logits,
+    unscored_rows,
 )
 from tilebake.torch import moe_topk_gate_forward_ref
 
@@ -39,37 +42,49 @@ op = importlib.import_module("tilebake.moe.moe_topk_gate_forward")
 
 
 class _EmulatedKernel:
-    def __init__(self, so: str, arg_names):
+    def __init__(self, so: str, arg_names, grid):
         self.lib = ctypes.CDLL(so)
         params = Path(so + ".params").read_text().split("\n")[:-1]
         self.order = [p.split()[-1] for p in params]
         self.kinds = ["p" if "*" in p else "f" if p.startswith("float ") else "i" for p in params]
         self.arg_names = arg_names
+        self.grid = grid  # the manifest's grid expression (x) of the kernel's parameters
 
     def __call__(self, device, *args):
         given = dict(zip(self.arg_names, args))
         c = {"p": ctypes.c_void_p, "f": ctypes.c_float, "i": ctypes.c_int}
-        self.lib.run(
-            *[c[k](given[n]) for n, k in zip(self.order, self.kinds)], ctypes.c_int((given["num_tokens"] + 3) // 4)
-        )
+        grid = eval(self.grid, {"__builtins__": {}}, dict(given))
+        self.lib.run(*[c[k](given[n]) for n, k in zip(self.order, self.kinds)], ctypes.c_int(grid))
+
+
+class _LazyTable(dict):
+    """Variant key -> emulated kernel, lowered and compiled on first use (a -k run builds only what it needs)."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def __missing__(self, key):
+        sys.path.insert(0, str(ROOT / "build_tools"))
+        try:
+            import aot
+            import warp_emu
+        finally:
+            sys.path.remove(str(ROOT / "build_tools"))
+        v = op.MoeTopkGateForwardVariant(*key)
+        # TILEBAKE_EMULATE_KWARGS (JSON): the fast kernel's tuning knobs, to check a candidate.
+        kwargs = json.loads(os.environ.get("TILEBAKE_EMULATE_KWARGS", "{}")) if key[1] <= 512 else {}
+        aot.lower_one(v, "sm_90a", self.out, build_kwargs=kwargs)
+        meta = json.loads((self.out / "sm_90a" / f"{v.id}.json").read_text())
+        so = str(self.out / f"{v.id}.so")
+        warp_emu.build(str(self.out / "sm_90a" / f"{v.id}.cu"), so, int(meta["block"][0]))
+        self[key] = _EmulatedKernel(so, op._KERNELS.arg_names, meta["grid"][0])
+        return self[key]
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "build_tools"))
-    try:
-        import aot
-        import warp_emu
-    finally:
-        sys.path.remove(str(ROOT / "build_tools"))
-    out = tmp_path_factory.mktemp("emu")
-    table = {}
-    for v in op.MoeTopkGateForwardVariant.all():
-        aot.lower_one(v, "sm_90a", out)
-        so = str(out / f"{v.scoring_func}.so")
-        warp_emu.build(str(out / "sm_90a" / f"{v.id}.cu"), so, 128)
-        table[(v.scoring_func,)] = _EmulatedKernel(so, op._KERNELS.arg_names)
-    return table
+    return _LazyTable(tmp_path_factory.mktemp("emu"))
 
 
 def emulated(kernels):
@@ -102,6 +117,10 @@ SHAPES = [  # (tokens, experts, k, use_shared, num_shared, num_groups, num_topk_
     (19, 512, 8, False, 0, 8, 4),  # groups of 64 experts: whole slots
     (11, 128, 6, True, 1, 4, 2),  # groups of 32
     (7, 96, 5, False, 0, 3, 1),  # groups of 32, a partial chunk
+    (5, 600, 8, True, 1, 1, 1),  # one CTA per token from here
+    (6, 1024, 32, False, 0, 8, 3),
+    (3, 2000, 13, True, 2, 20, 5),  # groups of 100: not whole slots
+    (2, 8192, 9, False, 0, 32, 4),
 ]
 
 
@@ -123,7 +142,7 @@ def test_emulated_kernel_matches_reference(kernels, func, shape, which):
         emulated(kernels), logits, k, use_shared, num_shared, 1.5, 3, func, opts, num_groups=groups,
         num_topk_groups=top_groups,
     )  # fmt: skip
-    assert_gate_equal(got, ref, ~torch.isfinite(logits).all(dim=1))
+    assert_gate_equal(got, ref, ~torch.isfinite(logits).all(dim=1), unscored_rows(opts, num_tokens))
 
 
 @pytest.mark.parametrize("num_experts,k", [(32, 32), (8, 8), (512, 32), (300, 3)])
@@ -131,7 +150,7 @@ def test_emulated_force_random(kernels, num_experts, k):
     logits = torch.randn(40, num_experts)
     opts = {"force_random": torch.ones(40, dtype=torch.bool)}
     got, ref = call_both(emulated(kernels), logits, k, False, 0, 1.0, 123, "sqrtsoftplus", opts)
-    assert_gate_equal(got, ref)
+    assert_gate_equal(got, ref, zero_rows=torch.ones(40, dtype=torch.bool))
 
 
 def test_emulated_strided_out_and_nan_bias(kernels):

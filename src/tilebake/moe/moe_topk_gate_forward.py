@@ -25,6 +25,10 @@ GOLDEN = 0x9E3779B9  # random_experts' draw increment
 # bits of the kernel's `flags` argument: which optional tensors are present
 FLAG_MASK, FLAG_BIAS, FLAG_IMAGE, FLAG_FIX = 1, 2, 4, 8
 FLAG_MAP, FLAG_UNMAPPED, FLAG_RANDOM, FLAG_SCORES = 16, 32, 64, 128
+# Expert bounds of the built kernels: one warp per token up to FAST_MAX_EXPERTS (a lane holds
+# max_experts / 32 experts in registers), one CTA per token above (up to MAX_EXPERTS).
+EXPERT_BOUNDS = (256, 512, 8192)
+FAST_MAX_EXPERTS = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +37,18 @@ class MoeTopkGateForwardVariant(Variant):
     op = "moe_topk_gate_forward"
 
     scoring_func: str  # 'sqrtsoftplus' | 'softmax' | 'sigmoid'; every option is a runtime argument
+    max_experts: int  # EXPERT_BOUNDS: the kernel for num_experts <= max_experts (the smallest that fits)
 
     @classmethod
     def all(cls):
-        return tuple(cls(f) for f in SCORING_FUNCS)
+        return tuple(cls(f, n) for f in SCORING_FUNCS for n in EXPERT_BOUNDS)
+
+
+def expert_bound(num_experts: int) -> int:
+    """The max_experts of the kernel that serves num_experts (<= EXPERT_BOUNDS[-1])."""
+    if num_experts <= 256:
+        return 256
+    return 512 if num_experts <= 512 else 8192
 
 
 _KERNELS = KernelTable(
@@ -101,11 +113,18 @@ def moe_topk_gate_forward(
 
     Non-finite logits: where the original device-asserts, a token with a NaN or infinite logit is
     not routed: every slot -1, weight 0, unmapped_topk_idx[t] -1 (unless fixed), its scores row
-    NaN. bias and image_bias must be finite (not checked on the GPU, which would cost a sync; the
-    kernel stays in bounds but the result is then unspecified).
+    NaN (unless masked out or random: 0). bias and image_bias must be finite (not checked on the
+    GPU, which would cost a sync; the kernel stays in bounds but the result is then unspecified).
+
+    scores (if given): the scoring function's values for the rows routed by score, and 0 for
+    the rows masked out by mask or taken by force_random (api.md 1.12, as the original). Rows
+    with fix_routing_mask keep their scores (the spec is silent; the original writes the row
+    before it looks at fix_routing_mask, and a fixed row's weights come from those scores).
+
+    Experts: up to 512 one warp per token (the fast kernel), 513 to 8192 one CTA per token.
 
     Args:
-        logits: fp32 (T, num_routed), num_routed <= 512, last dim contiguous (rows may be strided).
+        logits: fp32 (T, num_routed), num_routed <= 8192, last dim contiguous (rows may be strided).
         num_topk: routed experts per token, <= num_routed, num_topk + shared slots <= 32.
         use_shared_as_routed, num_shared_experts: append num_shared_experts (0, 1, 2) slots.
         routed_scaling_factor: multiplies the routed weights. ep_rank: int >= 0.
@@ -114,7 +133,7 @@ def moe_topk_gate_forward(
         unmapped_topk_idx: int64 (T, num_topk), last dim contiguous: the logical routed experts
             (written), or the routing to keep (read) for fix_routing_mask tokens.
         out: preallocated (topk_idx int64, topk_weights fp32), both contiguous (T, num_topk + shared).
-        scores: fp32 (T, num_routed), last dim contiguous: receives the scores.
+        scores: fp32 (T, num_routed), last dim contiguous: receives the scores (above).
         num_groups, num_topk_groups: grouped routing (num_groups <= 32 divides num_routed into
             groups of >= 2; num_topk <= num_topk_groups * group size).
 
@@ -172,35 +191,43 @@ def _forward(
     if num_tokens == 0:
         return idx, weights
     dummy = logits.data_ptr()  # an absent tensor's pointer: never read or written (its flag is off)
-    flags = 0
-    ptrs = {}
-    for name, t, bit in (
-        ("Mask", mask, FLAG_MASK),
-        ("Bias", bias, FLAG_BIAS),
-        ("ImageBias", image_bias, FLAG_IMAGE),
-        ("ImageMask", image_token_mask, FLAG_IMAGE),
-        ("FixMask", fix_routing_mask, FLAG_FIX),
-        ("Map", to_physical_map, FLAG_MAP),
-        ("Count", logical_count, FLAG_MAP),
-        ("Unmapped", unmapped_topk_idx, FLAG_UNMAPPED),
-        ("Random", force_random, FLAG_RANDOM),
-        ("Scores", scores, FLAG_SCORES),
-    ):
-        if t is None:
-            ptrs[name] = dummy
-        else:
-            ptrs[name] = t.data_ptr()
-            flags |= bit
-    dup = to_physical_map.shape[1] if to_physical_map is not None else 1
-    (_KERNELS if kernels is None else kernels)[(scoring_func,)](
+    # Written out (not a loop over the options): this is the per-call host path.
+    flags = FLAG_BIAS if bias is not None else 0
+    if mask is not None:
+        flags |= FLAG_MASK
+    if image_bias is not None:
+        flags |= FLAG_IMAGE
+    if fix_routing_mask is not None:
+        flags |= FLAG_FIX
+    if to_physical_map is not None:
+        flags |= FLAG_MAP
+    if unmapped_topk_idx is not None:
+        flags |= FLAG_UNMAPPED
+    if force_random is not None:
+        flags |= FLAG_RANDOM
+    if scores is not None:
+        flags |= FLAG_SCORES
+    (_KERNELS if kernels is None else kernels)[(scoring_func, expert_bound(num_experts))](
         logits.get_device(),
-        logits.data_ptr(), ptrs["Bias"], ptrs["ImageBias"], ptrs["Mask"], ptrs["ImageMask"], ptrs["FixMask"],
-        ptrs["Random"], ptrs["Map"], ptrs["Count"], ptrs["Unmapped"], idx.data_ptr(), weights.data_ptr(),
-        ptrs["Scores"], flags, float(routed_scaling_factor), ep_rank, num_groups, num_topk_groups, num_tokens,
-        num_experts, k, width, dup, logits.stride(0),
-        scores.stride(0) if scores is not None else 0,
-        unmapped_topk_idx.stride(0) if unmapped_topk_idx is not None else 0,
-        to_physical_map.stride(0) if to_physical_map is not None else 0,
+        dummy,
+        dummy if bias is None else bias.data_ptr(),
+        dummy if image_bias is None else image_bias.data_ptr(),
+        dummy if mask is None else mask.data_ptr(),
+        dummy if image_token_mask is None else image_token_mask.data_ptr(),
+        dummy if fix_routing_mask is None else fix_routing_mask.data_ptr(),
+        dummy if force_random is None else force_random.data_ptr(),
+        dummy if to_physical_map is None else to_physical_map.data_ptr(),
+        dummy if logical_count is None else logical_count.data_ptr(),
+        dummy if unmapped_topk_idx is None else unmapped_topk_idx.data_ptr(),
+        idx.data_ptr(),
+        weights.data_ptr(),
+        dummy if scores is None else scores.data_ptr(),
+        flags, float(routed_scaling_factor), ep_rank, num_groups, num_topk_groups, num_tokens, num_experts, k, width,
+        1 if to_physical_map is None else to_physical_map.shape[1],
+        logits.stride(0),
+        0 if scores is None else scores.stride(0),
+        0 if unmapped_topk_idx is None else unmapped_topk_idx.stride(0),
+        0 if to_physical_map is None else to_physical_map.stride(0),
     )  # fmt: skip
     return idx, weights
 

@@ -17,9 +17,13 @@ Per token t (T tokens, Er routed experts, k = num_topk, S shared slots):
   5. With to_physical_map, every slot's logical id e becomes
      to_physical_map[e, (ep_rank + t * 23333) % logical_count[e]] (int64 arithmetic); a count
      outside [1, dup] gives -1 for that slot.
+  6. scores (if given) receives step 1's values for the rows routed by score or by
+     fix_routing_mask, and 0 for the rows masked out or taken by force_random (as the original,
+     whose kernel writes the row only on its scoring path; fixed rows keep their scores, which
+     their weights come from).
 A token with a non-finite logit (or a fixed routing id outside [0, Er)) is not routed: every
 slot -1, weight 0, unmapped_topk_idx[t] = -1 (left as it is for a fixed-routing token), and its
-scores row is NaN.
+scores row is NaN (0 if it is masked out or random).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from .topk import SCORING_FUNCS, grouped_topk, score, stable_topk
 
 __all__ = ["moe_topk_gate_forward_ref", "random_experts"]
 
-MAX_EXPERTS = 512
+MAX_EXPERTS = 8192  # as tilebake.moe.moe_topk_gate_forward.EXPERT_BOUNDS[-1]
 MAX_SLOTS = 32
 MAX_GROUPS = 32
 DRAWS_PER_SLOT = 64
@@ -222,8 +226,12 @@ def moe_topk_gate_forward_ref(
     bad = ~torch.isfinite(logits).all(dim=1)
     sc = score(torch.where(bad[:, None], 0.0, logits), scoring_func)
     sc = torch.where(bad[:, None], torch.nan, sc)
-    if scores is not None:
-        scores.copy_(sc)
+    false = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+    routed = mask if mask is not None else ~false
+    rand = (force_random if force_random is not None else false) & routed
+    fixed = (fix_routing_mask if fix_routing_mask is not None else false) & routed & ~rand
+    if scores is not None:  # rows not routed by score (masked out or random) get 0, as the original
+        scores.copy_(torch.where((~routed | rand)[:, None], 0.0, sc))
     zero = torch.zeros(num_experts, dtype=torch.float32, device=device)
     token_bias = (bias if bias is not None else zero).expand(num_tokens, num_experts)
     if image_token_mask is not None:
@@ -234,10 +242,6 @@ def moe_topk_gate_forward_ref(
     else:
         chosen = stable_topk(sel, k)
 
-    false = torch.zeros(num_tokens, dtype=torch.bool, device=device)
-    routed = mask if mask is not None else ~false
-    rand = (force_random if force_random is not None else false) & routed
-    fixed = (fix_routing_mask if fix_routing_mask is not None else false) & routed & ~rand
     if bool(fixed.any()):
         given = unmapped_topk_idx.to(device)
         bad = bad | (fixed & ((given < 0) | (given >= num_experts)).any(dim=1))
