@@ -2,15 +2,16 @@
 with the quantising epilogue (build time only)."""
 
 from kernels_tl.quant.norm_forward import (
-    DEFAULT_CONFIG,
     PASS_CONFIGS,
     LaunchConfig,
     build_norm_forward,
     candidate_configs,
+    default_config,
 )
 
 __all__ = ["PASS_CONFIGS", "build", "candidate_configs"]
 
 
-def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build(v, cfg: LaunchConfig | None = None):
+    cfg = cfg or default_config(v.in_dtype, v.has_residual)
     return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, v.num_per_channels, cfg)

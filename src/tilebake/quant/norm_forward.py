@@ -62,6 +62,11 @@ class NormForwardCastVariant(Variant):
 
 MAX_HIDDEN = 8192
 
+# The forward kernels are persistent: min(rows, CTAS_PER_SM[dtype, has_residual] * num_sms)
+# CTAs of 256 threads (kernels_tl/quant/norm_forward.py builds with the same table as its
+# minimum CTAs per SM, which caps the registers).
+CTAS_PER_SM = {("bf16", False): 3, ("bf16", True): 3, ("fp32", False): 4, ("fp32", True): 3}
+
 
 def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
     """x: a bf16/fp32 tensor of `dims` dims, 0 < hidden <= 8192 and a multiple of hidden_multiple,
@@ -149,7 +154,7 @@ def check_pointers(**tensors) -> None:
 
 def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tuple[str, ...]:
     """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
-    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden"]
+    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden", "num_ctas"]
     names += ["x_batch_stride", "x_stride", "out_batch_stride", "out_stride"]
     if has_weight:
         names += ["W"]
@@ -188,10 +193,11 @@ def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hid
 
 
 def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_out, rstd, **quant_args) -> None:
-    """Launch one row per CTA over batch * num_tokens rows; nothing to do for an empty x."""
+    """Launch the persistent kernel over batch * num_tokens rows; nothing to do for an empty x."""
     batch, num_tokens = (1, *x.shape[:1]) if x.dim() == 2 else x.shape[:2]
     if batch * num_tokens == 0:
         return
+    num_ctas = min(batch * num_tokens, CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None] * config.get_num_sms())
     check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
     key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
     x_bs, x_rs = rows_strides(x)
@@ -199,7 +205,7 @@ def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_ou
     args = dict(
         X=x.data_ptr(), Y=out.data_ptr(), RSTD=(rstd if rstd is not None else x).data_ptr(),
         eps=eps, out_scale=out_scale, with_rstd=int(rstd is not None),
-        batch=batch, num_tokens=num_tokens, hidden=x.shape[-1],
+        batch=batch, num_tokens=num_tokens, hidden=x.shape[-1], num_ctas=num_ctas,
         x_batch_stride=x_bs, x_stride=x_rs, out_batch_stride=o_bs, out_stride=o_rs,
         W=weight.data_ptr() if weight is not None else 0,
     )  # fmt: skip
