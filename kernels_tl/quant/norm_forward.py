@@ -66,6 +66,17 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
+def f32_pair(buf, *index):
+    """The fp32 values of a local buffer's elements index and index + 1 (last index even). bf16:
+    from the 32-bit word holding both, one shift or mask each (element-wise casts of bf16
+    cost twice that: the compiler splits the word into 16-bit halves first)."""
+    *head, last = index
+    if buf.dtype != "bfloat16":
+        return buf[(*head, last)], buf[(*head, last + 1)]
+    w = T.reinterpret(buf.vload([*head, last], "bfloat16x2"), "uint32")
+    return T.reinterpret(T.shift_left(w, T.uint32(16)), "float32"), T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
+
+
 def row_strides(name: str):
     """Runtime (batch, row) strides of a (batch, num_tokens, hidden) tensor, last dim contiguous."""
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
@@ -115,6 +126,23 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     # mega_aligned_block_m rows; in every 128 rows token i sits at row (i % 32) * 4 + i // 32.
     mm_rows = T.dynamic("mm_rows")
 
+    @T.macro
+    def take_row(xs, xn, rn, sb, RO, bi, ti, tx):
+        """xs = the loaded row xn (+ rn, rounded to x's dtype, also stored to RO), in row_dtype."""
+        for p in T.unroll(PASSES):
+            if has_residual:
+                for j in T.vectorized(VEC):
+                    sb[p, j] = T.cast(T.cast(xn[p, j], "float32") + T.cast(rn[p, j], "float32"), in_dtype)
+                if p * PASS + tx * VEC < hidden:
+                    for j in T.vectorized(VEC):
+                        RO[bi, ti, p * PASS + tx * VEC + j] = sb[p, j]
+            if row_dtype != in_dtype:
+                for i in T.unroll(VEC // 2):
+                    xs[p, 2 * i], xs[p, 2 * i + 1] = f32_pair(sb if has_residual else xn, p, 2 * i)
+            else:
+                for j in T.vectorized(VEC):
+                    xs[p, j] = sb[p, j] if has_residual else xn[p, j]
+
     @T.prim_func
     def norm_forward_kernel(
         X: rows3("x", in_dtype),
@@ -160,6 +188,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             xs = T.alloc_local((PASSES, VEC), row_dtype)
             xn = T.alloc_local((PASSES, VEC), in_dtype)
             rn = T.alloc_local((PASSES, VEC), in_dtype)
+            sb = T.alloc_local((PASSES, VEC), in_dtype)  # x + residual, rounded
             wv = T.alloc_local((VEC,), "float32")
             yf = T.alloc_local((VEC,), "float32")
             yb = T.alloc_local((VEC,), in_dtype)
@@ -202,16 +231,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if k > 0:  # take row k - 1 (waits for its loads)
                         bi = nbi
                         ti = nti
-                        for p in T.unroll(PASSES):
-                            if has_residual:
-                                for j in T.unroll(VEC):
-                                    xs[p, j] = T.cast(
-                                        T.cast(T.cast(xn[p, j], "float32") + T.cast(rn[p, j], "float32"), in_dtype),
-                                        row_dtype,
-                                    )
-                            else:
-                                for j in T.vectorized(VEC):
-                                    xs[p, j] = T.cast(xn[p, j], row_dtype)
+                        take_row(xs, xn, rn, sb, RO, bi, ti, tx)
                 if k < nb:
                     if batch == 1:
                         nti = b + k * num_ctas
@@ -232,25 +252,14 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if not PREFETCH:  # take row k
                         bi = nbi
                         ti = nti
-                        for p in T.unroll(PASSES):
-                            if has_residual:
-                                for j in T.unroll(VEC):
-                                    xs[p, j] = T.cast(
-                                        T.cast(T.cast(xn[p, j], "float32") + T.cast(rn[p, j], "float32"), in_dtype),
-                                        row_dtype,
-                                    )
-                            else:
-                                for j in T.vectorized(VEC):
-                                    xs[p, j] = T.cast(xn[p, j], row_dtype)
+                        take_row(xs, xn, rn, sb, RO, bi, ti, tx)
                 if k >= (1 if PREFETCH else 0):
                     ss = T.float32(0)
                     for p in T.unroll(PASSES):
-                        if has_residual:
-                            if p * PASS + tx * VEC < hidden:
-                                for j in T.vectorized(VEC):
-                                    RO[bi, ti, p * PASS + tx * VEC + j] = T.cast(xs[p, j], in_dtype)
-                        for j in T.unroll(VEC):
-                            ss = ss + T.cast(xs[p, j], "float32") * T.cast(xs[p, j], "float32")
+                        for i in T.unroll(VEC // 2):
+                            lo, hi = f32_pair(xs, p, 2 * i)
+                            ss = ss + lo * lo
+                            ss = ss + hi * hi
                     # Sum of squares over the CTA: a butterfly in each warp (every lane ends with
                     # the same bits), then the WARPS partials in a fixed order.
                     for s in T.unroll(5):
@@ -283,8 +292,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                             else:
                                 for j in T.unroll(VEC):
                                     wv[j] = out_scale
-                            for j in T.unroll(VEC):
-                                yf[j] = (T.cast(xs[p, j], "float32") * rstd) * wv[j]
+                            for i in T.unroll(VEC // 2):
+                                lo, hi = f32_pair(xs, p, 2 * i)
+                                yf[2 * i] = (lo * rstd) * wv[2 * i]
+                                yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
                             for j in T.vectorized(VEC):  # two values per conversion instruction
                                 yb[j] = T.cast(yf[j], in_dtype)
                             if not quant:
@@ -292,9 +303,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                                     for j in T.vectorized(VEC):
                                         Y[bi, ti, p * PASS + tx * VEC + j] = yb[j]
                             else:
+                                for i in T.unroll(VEC // 2):
+                                    yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
                                 amax = T.float32(0)
                                 for j in T.unroll(VEC):
-                                    yr[j] = T.cast(yb[j], "float32")
                                     amax = T.max(amax, T.abs(yr[j]))
                                 for s in T.unroll(lanes.bit_length() - 1):
                                     amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
