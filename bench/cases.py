@@ -270,9 +270,9 @@ def without_residual(make_case):
         written = num_tokens * hidden * 2 + num_tokens * 4 if not quant else num_tokens * hidden * (1 + 1 / 32)
         case.update(
             variant=case["variant"].replace("residual add, ", "").replace(" + residual", ""),
-            make=lambda: make()[:2] + (None,),
-            fn=lambda x, w, r: fn(x, w, None),
-            ref=lambda x, w, r: ref(x, w, None),
+            make=lambda: make()[:2],
+            fn=lambda x, w: fn(x, w, None),
+            ref=lambda x, w: ref(x, w, None),
             bytes=int(num_tokens * hidden * 2 + hidden * 2 + written),
         )
         return case

@@ -42,15 +42,25 @@ class LaunchConfig:
     vec: int  # contiguous elements per thread per pass (whole 16-byte vectors for bf16)
     min_ctas: int  # CTAs resident per SM: caps the registers
     prefetch: bool = True  # the next row's loads are issued before the current row is normalised
-    f32row: bool = False  # the row being normalised is kept in fp32 (converted once)
+    f32row: bool = False  # the row being normalised is kept in fp32 registers (converted once)
+    stage_row: bool = False  # ... or in shared memory (x's dtype), which frees the registers
+    w_smem: bool = True  # w * out_scale computed once per CTA into shared memory (else per pass)
 
 
 # THREADS x VEC = 256 x 8 for every variant of both ops: the cast then normalises exactly as
-# norm_forward does. CTAs per SM: the host's table; bf16 rows are prefetched (fp32 rows take
-# twice the registers).
-def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
-    bf16 = in_dtype == "bf16"
-    return LaunchConfig(256, 8, CTAS_PER_SM[in_dtype, has_residual], prefetch=bf16, f32row=bf16)
+# norm_forward does. Per (dtype, has_residual, quantised), for the host's launch (CTAS_PER_SM):
+# a persistent kernel stages w * out_scale once per CTA and prefetches the next row, keeping
+# the current one in shared memory (4 CTAs of 56-64 registers per SM); one CTA per row loads w
+# per pass (and 4 CTAs per SM cap the registers).
+_PERSISTENT = LaunchConfig(256, 8, 4, prefetch=True, stage_row=True, w_smem=True)
+_ROW_PER_CTA = LaunchConfig(256, 8, 4, prefetch=False, w_smem=False)
+
+
+def default_config(in_dtype: str, has_residual: bool, quant: bool) -> LaunchConfig:
+    per_sm = CTAS_PER_SM[in_dtype, has_residual, quant]
+    cfg = _ROW_PER_CTA if per_sm is None else _PERSISTENT
+    assert per_sm in (None, cfg.min_ctas), (in_dtype, has_residual, quant)
+    return cfg
 
 
 def candidate_configs():
@@ -85,7 +95,8 @@ def row_strides(name: str):
 def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, quant_npc: int, cfg: LaunchConfig):
     """The RMSNorm forward kernel; quant_npc == 0: plain output in x's dtype, else e4m3 + SF."""
     THREADS, VEC, MIN_CTAS, PREFETCH = cfg.threads, cfg.vec, cfg.min_ctas, cfg.prefetch
-    row_dtype = "float32" if cfg.f32row else _DTYPES[in_dtype_name]
+    STAGE, W_SMEM = cfg.stage_row, cfg.w_smem and has_weight
+    row_dtype = "float32" if cfg.f32row and not STAGE else _DTYPES[in_dtype_name]
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
@@ -127,8 +138,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     mm_rows = T.dynamic("mm_rows")
 
     @T.macro
-    def take_row(xs, xn, rn, sb, RO, bi, ti, tx):
-        """xs = the loaded row xn (+ rn, rounded to x's dtype, also stored to RO), in row_dtype."""
+    def take_row(xs, xsh, xn, rn, sb, ssb, RO, bi, ti, tx):
+        """The loaded row xn (+ rn, rounded to x's dtype, also stored to RO) into xs (registers)
+        or xsh (shared memory), and its sum of squares (this thread's part) into ssb[0]."""
+        ssb[0] = T.float32(0)
         for p in T.unroll(PASSES):
             if has_residual:
                 for j in T.vectorized(VEC):
@@ -136,10 +149,17 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                 if p * PASS + tx * VEC < hidden:
                     for j in T.vectorized(VEC):
                         RO[bi, ti, p * PASS + tx * VEC + j] = sb[p, j]
-            if row_dtype != in_dtype:
-                for i in T.unroll(VEC // 2):
-                    xs[p, 2 * i], xs[p, 2 * i + 1] = f32_pair(sb if has_residual else xn, p, 2 * i)
-            else:
+            for i in T.unroll(VEC // 2):
+                lo, hi = f32_pair(sb if has_residual else xn, p, 2 * i)
+                ssb[0] = ssb[0] + lo * lo
+                ssb[0] = ssb[0] + hi * hi
+                if row_dtype != in_dtype:
+                    xs[p, 2 * i] = lo
+                    xs[p, 2 * i + 1] = hi
+            if STAGE:
+                for j in T.vectorized(VEC):
+                    xsh[p, tx, j] = sb[p, j] if has_residual else xn[p, j]
+            elif row_dtype == in_dtype:
                 for j in T.vectorized(VEC):
                     xs[p, j] = sb[p, j] if has_residual else xn[p, j]
 
@@ -189,6 +209,11 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             xn = T.alloc_local((PASSES, VEC), in_dtype)
             rn = T.alloc_local((PASSES, VEC), in_dtype)
             sb = T.alloc_local((PASSES, VEC), in_dtype)  # x + residual, rounded
+            ssb = T.alloc_local((1,), "float32")
+            xv = T.alloc_local((VEC,), in_dtype)
+            wb = T.alloc_local((VEC,), in_dtype)
+            # With STAGE, the row being normalised: each thread reads back only its own slots.
+            xsh = T.alloc_shared((PASSES if STAGE else 1, THREADS, VEC), in_dtype)
             wv = T.alloc_local((VEC,), "float32")
             yf = T.alloc_local((VEC,), "float32")
             yb = T.alloc_local((VEC,), in_dtype)
@@ -197,8 +222,8 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             red = T.alloc_shared((2, WARPS), "float32")  # by row parity: one barrier per row
             # w * out_scale in fp32, once per CTA. Each thread reads back only the slots it
             # wrote (no barrier); 16-byte chunks in thread order keep a warp's reads conflict-free.
-            wsh = T.alloc_shared((PASSES, VEC // 4, THREADS, 4), "float32")
-            if has_weight:
+            wsh = T.alloc_shared((PASSES if W_SMEM else 1, VEC // 4, THREADS, 4), "float32")
+            if W_SMEM:
                 for p in T.unroll(PASSES):
                     if p * PASS + tx * VEC < hidden:
                         for j in T.vectorized(VEC):
@@ -231,7 +256,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if k > 0:  # take row k - 1 (waits for its loads)
                         bi = nbi
                         ti = nti
-                        take_row(xs, xn, rn, sb, RO, bi, ti, tx)
+                        take_row(xs, xsh, xn, rn, sb, ssb, RO, bi, ti, tx)
                 if k < nb:
                     if batch == 1:
                         nti = b + k * num_ctas
@@ -252,14 +277,9 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if not PREFETCH:  # take row k
                         bi = nbi
                         ti = nti
-                        take_row(xs, xn, rn, sb, RO, bi, ti, tx)
+                        take_row(xs, xsh, xn, rn, sb, ssb, RO, bi, ti, tx)
                 if k >= (1 if PREFETCH else 0):
-                    ss = T.float32(0)
-                    for p in T.unroll(PASSES):
-                        for i in T.unroll(VEC // 2):
-                            lo, hi = f32_pair(xs, p, 2 * i)
-                            ss = ss + lo * lo
-                            ss = ss + hi * hi
+                    ss = ssb[0]
                     # Sum of squares over the CTA: a butterfly in each warp (every lane ends with
                     # the same bits), then the WARPS partials in a fixed order.
                     for s in T.unroll(5):
@@ -285,15 +305,29 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
 
                     for p in T.unroll(PASSES):
                         if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
-                            if has_weight:
+                            if W_SMEM:
                                 for c in T.unroll(VEC // 4):
                                     for j in T.vectorized(4):
                                         wv[c * 4 + j] = wsh[p, c, tx, j]
+                            elif has_weight:
+                                if p * PASS + tx * VEC < hidden:
+                                    for j in T.vectorized(VEC):
+                                        wb[j] = W[p * PASS + tx * VEC + j]
+                                else:
+                                    for j in T.unroll(VEC):
+                                        wb[j] = T.cast(0, in_dtype)
+                                for i in T.unroll(VEC // 2):
+                                    lo, hi = f32_pair(wb, 2 * i)
+                                    wv[2 * i] = lo * out_scale
+                                    wv[2 * i + 1] = hi * out_scale
                             else:
                                 for j in T.unroll(VEC):
                                     wv[j] = out_scale
+                            if STAGE:
+                                for j in T.vectorized(VEC):
+                                    xv[j] = xsh[p, tx, j]
                             for i in T.unroll(VEC // 2):
-                                lo, hi = f32_pair(xs, p, 2 * i)
+                                lo, hi = f32_pair(xv, 2 * i) if STAGE else f32_pair(xs, p, 2 * i)
                                 yf[2 * i] = (lo * rstd) * wv[2 * i]
                                 yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
                             for j in T.vectorized(VEC):  # two values per conversion instruction
@@ -345,4 +379,5 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
 
 
 def build(v, cfg: LaunchConfig | None = None):
-    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, 0, cfg or default_config(v.in_dtype, v.has_residual))
+    cfg = cfg or default_config(v.in_dtype, v.has_residual, False)
+    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, 0, cfg)

@@ -13,5 +13,5 @@ __all__ = ["PASS_CONFIGS", "build", "candidate_configs"]
 
 
 def build(v, cfg: LaunchConfig | None = None):
-    cfg = cfg or default_config(v.in_dtype, v.has_residual)
+    cfg = cfg or default_config(v.in_dtype, v.has_residual, True)
     return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, v.num_per_channels, cfg)

@@ -62,10 +62,19 @@ class NormForwardCastVariant(Variant):
 
 MAX_HIDDEN = 8192
 
-# The forward kernels are persistent: min(rows, CTAS_PER_SM[dtype, has_residual] * num_sms)
-# CTAs of 256 threads (kernels_tl/quant/norm_forward.py builds with the same table as its
-# minimum CTAs per SM, which caps the registers).
-CTAS_PER_SM = {("bf16", False): 3, ("bf16", True): 3, ("fp32", False): 4, ("fp32", True): 3}
+# The forward kernels' grid, per (dtype, has_residual, quantised): CTAs per SM of a persistent
+# launch (min(rows, that x SMs) CTAs; CTA c takes rows c, c + num_ctas, ...), or None for one
+# CTA per row. kernels_tl/quant/norm_forward.py builds each variant for its launch (KERNEL_CONFIGS).
+CTAS_PER_SM = {
+    ("bf16", False, False): None,
+    ("bf16", True, False): None,
+    ("bf16", False, True): 4,
+    ("bf16", True, True): 4,
+    ("fp32", False, False): None,
+    ("fp32", True, False): None,
+    ("fp32", False, True): None,
+    ("fp32", True, True): None,
+}
 
 
 def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
@@ -197,7 +206,8 @@ def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_ou
     batch, num_tokens = (1, *x.shape[:1]) if x.dim() == 2 else x.shape[:2]
     if batch * num_tokens == 0:
         return
-    num_ctas = min(batch * num_tokens, CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None] * config.get_num_sms())
+    per_sm = CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None, table is _CAST_KERNELS]
+    num_ctas = batch * num_tokens if per_sm is None else min(batch * num_tokens, per_sm * config.get_num_sms())
     check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
     key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
     x_bs, x_rs = rows_strides(x)
