@@ -1,15 +1,17 @@
-"""Launch-config search for norm_forward and norm_forward_and_per_token_cast (bf16 with weight,
-with and without residual; the cast e4m3 1 x 32, round_sf, packed UE8M0 SF, as bench/cases.py).
+"""Launch-config search for norm_forward_and_per_token_cast (bf16 with weight, with and without
+residual; e4m3 1 x 32, round_sf, packed UE8M0 SF, as bench/cases.py), beside norm_forward's
+kernel as the same-run reference (norm_forward's own configs: bench/tune.py).
 
 python bench/tune_norm.py build DIR [REGEX]   # build host: lower + nvcc each candidate (sm_90a)
-python bench/tune_norm.py baseline DIR REPO   # build host: the same variants from another checkout
-                                              # (e.g. `git archive main`), stems ending in .base
+python bench/tune_norm.py baseline DIR REPO   # build host: the variants (both ops) as another
+                                              # checkout builds them (e.g. `git archive main`): .base
 python bench/tune_norm.py run DIR             # GPU: time every cubin in DIR/sm_90a
 
 Each candidate's outputs are compared byte for byte with the .base kernel's on the same input
-(same reduction order: they must match), and timed at SHAPES; the table gives us and % of the
-same run's device copy bandwidth. Persistent candidates (those taking num_ctas) run with
-min(rows, min_ctas x SMs) CTAs, those without prefetch also with one row per CTA (`.rows`).
+(the same reduction order: they must match), and timed at SHAPES; the table gives us and % of
+the same run's device copy bandwidth. Candidates taking num_ctas run persistent, with
+min(rows, min_ctas x SMs) CTAs, and with one CTA per row (`.rows`). Also prints the host time
+per call of both public ops at T = 1 beside torch.mul(out=).
 """
 
 import dataclasses
@@ -34,16 +36,10 @@ def _variants():
     ]
 
 
-def _configs(has_residual: bool):
-    from kernels_tl.quant.norm_forward import LaunchConfig
+def _configs(v):
+    from kernels_tl.quant.norm_forward_and_per_token_cast import LaunchConfig
 
-    return [
-        LaunchConfig(256, 8, 4, prefetch=True, stage_row=True, w_smem=True),
-        LaunchConfig(256, 8, 4, prefetch=True, stage_row=True, w_smem=False),
-        LaunchConfig(256, 8, 4, prefetch=False, w_smem=True),
-        LaunchConfig(256, 8, 4, prefetch=False, f32row=True, w_smem=True),
-        LaunchConfig(256, 8, 4, prefetch=False, w_smem=False),
-    ]
+    return [LaunchConfig(m) for m in (3, 4)] if v.op == "norm_forward_and_per_token_cast" else []
 
 
 def _nvcc(out: Path, stem: str):
@@ -65,7 +61,7 @@ def build(out: Path, only: str = ""):
     import aot
 
     for v in _variants():
-        for cfg in _configs(v.has_residual):
+        for cfg in _configs(v):
             stem = v.id + "." + ".".join(f"{k}{int(val)}" for k, val in dataclasses.asdict(cfg).items())
             if only and not re.search(only, stem):
                 continue
@@ -120,10 +116,9 @@ def _case(key, t, h):
 
 def _host_cost():
     """us per public call at T = 1, H = 7168 (the installed wheel), beside torch.mul(out=)."""
-    import torch
-
     import cases
     import harness
+    import torch
 
     x = torch.randn(1, 7168, device="cuda").to(torch.bfloat16)
     y = torch.empty_like(x)
@@ -159,13 +154,13 @@ def run(out: Path):
         grid = loader._compile_grid(meta["grid"], names, stem)
         kernels[stem] = (meta, handle, names, sig, grid, tuple(int(b) for b in meta["block"]))
     rows = []
-    for vid in sorted({s.rsplit(".", 1)[0] if s.endswith(".base") else s.split(".threads")[0] for s in kernels}):
+    for vid in sorted({s.rsplit(".", 1)[0] if s.endswith(".base") else s.split(".min_ctas")[0] for s in kernels}):
         key = kernels[vid + ".base"][0]["key"]
         for t, h in SHAPES:
             make, values, outputs, moved = _case(key, t, h)
             inputs = [make() for _ in range(min(8, harness.rotation_count(t * h * 4)))]
             stems = [s for s in kernels if s.startswith(vid + ".")]
-            modes = [(s, None) for s in stems] + [(s, t) for s in stems if ".prefetch0." in s]
+            modes = [(s, None) for s in stems] + [(s, t) for s in stems if ".min_ctas" in s]
             want = None
             for stem, ctas in sorted(modes, key=lambda m: (not m[0].endswith(".base"), m[0], m[1] or 0)):
                 meta, handle, names, sig, grid, block = kernels[stem]
@@ -202,4 +197,6 @@ def run(out: Path):
 
 if __name__ == "__main__":
     cmd, out = sys.argv[1], Path(sys.argv[2])
-    {"build": build, "baseline": baseline, "run": run}[cmd](out, *[Path(a) if cmd == "baseline" else a for a in sys.argv[3:]])
+    {"build": build, "baseline": baseline, "run": run}[cmd](
+        out, *[Path(a) if cmd == "baseline" else a for a in sys.argv[3:]]
+    )

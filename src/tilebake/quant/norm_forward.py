@@ -62,19 +62,12 @@ class NormForwardCastVariant(Variant):
 
 MAX_HIDDEN = 8192
 
-# The forward kernels' grid, per (dtype, has_residual, quantised): CTAs per SM of a persistent
-# launch (min(rows, that x SMs) CTAs; CTA c takes rows c, c + num_ctas, ...), or None for one
-# CTA per row. kernels_tl/quant/norm_forward.py builds each variant for its launch (KERNEL_CONFIGS).
-CTAS_PER_SM = {
-    ("bf16", False, False): None,
-    ("bf16", True, False): None,
-    ("bf16", False, True): 4,
-    ("bf16", True, True): 4,
-    ("fp32", False, False): None,
-    ("fp32", True, False): None,
-    ("fp32", False, True): None,
-    ("fp32", True, True): None,
-}
+# norm_forward_and_per_token_cast's grid, per (dtype, has_residual): CTAs per SM of a persistent
+# launch (min(rows, that x SMs) CTAs, CTA c taking rows c, c + num_ctas, ...: w * out_scale is
+# computed once per CTA), or None for one CTA per row (measured faster with residual).
+# kernels_tl/quant/norm_forward_and_per_token_cast.py builds with these as its minimum CTAs per
+# SM (4 where None). norm_forward's kernel takes one CTA per row.
+CAST_CTAS_PER_SM = {("bf16", False): 4, ("bf16", True): None, ("fp32", False): 4, ("fp32", True): 3}
 
 
 def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
@@ -163,7 +156,7 @@ def check_pointers(**tensors) -> None:
 
 def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tuple[str, ...]:
     """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
-    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden", "num_ctas"]
+    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden"]
     names += ["x_batch_stride", "x_stride", "out_batch_stride", "out_stride"]
     if has_weight:
         names += ["W"]
@@ -171,6 +164,7 @@ def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tup
         names += ["R", "RO", "residual_batch_stride", "residual_stride", "residual_out_batch_stride"]
         names += ["residual_out_stride"]
     if quant:
+        names += ["num_ctas"]
         names += ["YB", "S", "SP", "amax_clamp", "round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride"]
         names += ["out_bf16_stride", "sf_batch_stride", "sf_stride_t", "sf_stride_g"]
         names += ["MM", "mm_rows", "mega_block_m", "mega_aligned_block_m"]
@@ -202,12 +196,15 @@ def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hid
 
 
 def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_out, rstd, **quant_args) -> None:
-    """Launch the persistent kernel over batch * num_tokens rows; nothing to do for an empty x."""
+    """Launch over batch * num_tokens rows (norm_forward: one CTA per row; the cast: CAST_CTAS_PER_SM);
+    nothing to do for an empty x."""
     batch, num_tokens = (1, *x.shape[:1]) if x.dim() == 2 else x.shape[:2]
     if batch * num_tokens == 0:
         return
-    per_sm = CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None, table is _CAST_KERNELS]
-    num_ctas = batch * num_tokens if per_sm is None else min(batch * num_tokens, per_sm * config.get_num_sms())
+    if table is _CAST_KERNELS:
+        per_sm = CAST_CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None]
+        rows = batch * num_tokens
+        quant_args["num_ctas"] = rows if per_sm is None else min(rows, per_sm * config.get_num_sms())
     check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
     key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
     x_bs, x_rs = rows_strides(x)
@@ -215,7 +212,7 @@ def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_ou
     args = dict(
         X=x.data_ptr(), Y=out.data_ptr(), RSTD=(rstd if rstd is not None else x).data_ptr(),
         eps=eps, out_scale=out_scale, with_rstd=int(rstd is not None),
-        batch=batch, num_tokens=num_tokens, hidden=x.shape[-1], num_ctas=num_ctas,
+        batch=batch, num_tokens=num_tokens, hidden=x.shape[-1],
         x_batch_stride=x_bs, x_stride=x_rs, out_batch_stride=o_bs, out_stride=o_rs,
         W=weight.data_ptr() if weight is not None else 0,
     )  # fmt: skip
