@@ -50,7 +50,7 @@ class LaunchConfig:
 
 
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
-    """4 CTAs of 256 threads per SM (64 registers); fp32 rows with residual need 80 (3 CTAs)."""
+    """4 CTAs of 256 threads per SM (at most 64 registers each); fp32 rows with residual take 80 (3 CTAs)."""
     return LaunchConfig(CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
 
 
