@@ -267,8 +267,33 @@ def norm_backward_case(num_tokens, hidden):
     }
 
 
-CASES["norm_forward"] = [norm_forward_case]
-CASES["norm_forward_and_per_token_cast"] = [norm_forward_and_per_token_cast_case]
+def without_residual(make_case):
+    """The case at the original's benchmark setting (weight, no residual): x, weight in; out
+    (and rstd / SF) written."""
+
+    def case_of(num_tokens, hidden):
+        case = make_case(num_tokens, hidden)
+        make, fn, ref = case["make"], case["fn"], case["ref"]
+        quant = case["op"] == "norm_forward_and_per_token_cast"
+        # x, weight read; out (bf16, rstd) or (e4m3, packed SF) written
+        written = num_tokens * hidden * 2 + num_tokens * 4 if not quant else num_tokens * hidden * (1 + 1 / 32)
+        case.update(
+            variant=case["variant"].replace("residual add, ", "").replace(" + residual", ""),
+            make=lambda: make()[:2],
+            fn=lambda x, w: fn(x, w, None),
+            ref=lambda x, w: ref(x, w, None),
+            bytes=int(num_tokens * hidden * 2 + hidden * 2 + written),
+        )
+        return case
+
+    return case_of
+
+
+CASES["norm_forward"] = [norm_forward_case, without_residual(norm_forward_case)]
+CASES["norm_forward_and_per_token_cast"] = [
+    norm_forward_and_per_token_cast_case,
+    without_residual(norm_forward_and_per_token_cast_case),
+]
 CASES["norm_backward"] = [norm_backward_case]
 
 

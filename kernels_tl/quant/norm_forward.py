@@ -1,17 +1,14 @@
-"""RMSNorm forward (+ residual add, + optional per-token FP8 e4m3 cast), as a TileLang factory.
+"""RMSNorm forward (+ residual add), as a TileLang factory.
 
-Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers. The
-same factory serves norm_forward (quant_npc == 0) and norm_forward_and_per_token_cast
-(kernels_tl/quant/norm_forward_and_per_token_cast.py), so both compute the normalised
-value with the same fp32 operations, in the same order.
+Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
+norm_forward_and_per_token_cast has its own kernel (kernels_tl/quant/norm_forward_and_per_token_cast.py)
+with this thread mapping (256 x 8), so both compute the normalised value with the same fp32
+operations, in the same order.
 
 Arithmetic, per row, all in fp32:
     v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
     rstd = rsqrt(sum(v * v) / H + eps)
     y = round_to_x_dtype((v * rstd) * (w * out_scale))
-Quantised (numerics.md, as per_token_cast): per group of npc values of y,
-c = max(amax, clamp); plain SF = c / 448, inv = 448 / c; round_sf: SF = 2^e,
-e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e; q = e4m3(clamp(y * inv, +-448)).
 
 Thread mapping (LaunchConfig): one CTA per row, THREADS threads, each owning VEC contiguous
 elements per pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays in registers (in x's
@@ -21,17 +18,14 @@ MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (112 KB for bf
 residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). A pass starting beyond
 `hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
 VEC elements are all valid or all masked (the host checks hidden % 16 == 0, and VEC divides 16).
-Masked elements are 0, so they add nothing to the sum of squares or to a group's amax.
+Masked elements are 0, so they add nothing to the sum of squares.
 """
 
 import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent, pow2_sf
 from tilebake.quant.norm_forward import MAX_HIDDEN  # the host's limit on hidden
-
-FMT_MAX = 448.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +38,8 @@ class LaunchConfig:
 # Chosen by bench/tune.py on the H200 (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log):
 # bf16 with weight and residual at 16384 x 7168 reached 95.2% of copy bandwidth (64 registers, no
 # spills), against 86.6% for 128 threads x 16 elements x 5 CTAs (95 registers).
+# kernels_tl/quant/norm_forward_and_per_token_cast.py has the same 256 x 8 mapping (so the same
+# sum-of-squares order): change the two together.
 DEFAULT_CONFIG = LaunchConfig(threads=256, vec=8, min_ctas=4)
 
 
@@ -79,29 +75,21 @@ def row_strides(name: str):
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
 
 
-def build_norm_forward(
-    in_dtype_name: str, has_weight: bool, has_residual: bool, quant_npc: int, cfg: LaunchConfig = DEFAULT_CONFIG
-):
-    """The RMSNorm forward kernel; quant_npc == 0: plain output in x's dtype, else e4m3 + SF."""
+def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig = DEFAULT_CONFIG):
+    """The RMSNorm forward kernel: output in x's dtype."""
     THREADS, VEC, MIN_CTAS = cfg.threads, cfg.vec, cfg.min_ctas
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
     in_dtype = _DTYPES[in_dtype_name]
     align = 16 // (2 if in_dtype_name == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
-    quant = quant_npc != 0
-    if quant:
-        lanes = quant_npc // VEC  # consecutive lanes sharing one SF group
-        assert 1 <= lanes <= 32 and lanes & (lanes - 1) == 0, (quant_npc, VEC)
 
-    st = {name: row_strides(name) for name in ("x", "residual", "residual_out", "out", "out_bf16")}
+    st = {name: row_strides(name) for name in ("x", "residual", "residual_out", "out")}
 
     x_bs, x_rs = st["x"]
     r_bs, r_rs = st["residual"]
     ro_bs, ro_rs = st["residual_out"]
     o_bs, o_rs = st["out"]
-    ob_bs, ob_rs = st["out_bf16"]
-    out_align = 16 if quant else align  # e4m3: 16 elements in 16 bytes
 
     def rows3(name, dtype):
         return T.StridedTensor((batch, num_tokens, hidden), (*st[name], 1), dtype)
@@ -109,19 +97,6 @@ def build_norm_forward(
     batch = T.dynamic("batch")
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")
-    out_dtype = "float8_e4m3fn" if quant else in_dtype
-    num_groups = T.ceildiv(hidden, max(quant_npc, 1))
-    # Two views of the one SF tensor; the runtime flag `packed` picks the one written. fp32
-    # SF are indexed [b, token, group] (strides in elements), packed UE8M0 SF as bytes
-    # [b, token, word, byte] (strides in bytes): the host passes the strides that fit.
-    sf_bs = T.dynamic("sf_batch_stride")
-    sf_ts = T.dynamic("sf_stride_t")
-    sf_gs = T.dynamic("sf_stride_g")
-    # The mega MoE SF buffer (quantised op, 2-D x, npc 32, round_sf; off when mega_block_m == 0):
-    # UE8M0 bytes [physical row, word, byte], M-major (row stride 4 bytes, word stride
-    # mm_rows * 4). Tokens come in chunks of mega_block_m, each padded to
-    # mega_aligned_block_m rows; in every 128 rows token i sits at row (i % 32) * 4 + i // 32.
-    mm_rows = T.dynamic("mm_rows")
 
     @T.prim_func
     def norm_forward_kernel(
@@ -129,21 +104,11 @@ def build_norm_forward(
         W: T.Tensor((hidden,), in_dtype),
         R: rows3("residual", in_dtype),
         RO: rows3("residual_out", in_dtype),
-        Y: rows3("out", out_dtype),
-        YB: rows3("out_bf16", "bfloat16"),
-        S: T.StridedTensor((batch, num_tokens, num_groups), (sf_bs, sf_ts, sf_gs), "float32"),
-        SP: T.StridedTensor((batch, num_tokens, T.ceildiv(num_groups, 4), 4), (sf_bs, sf_ts, sf_gs, 1), "uint8"),
-        MM: T.StridedTensor((mm_rows, T.ceildiv(num_groups, 4), 4), (4, mm_rows * 4, 1), "uint8"),
+        Y: rows3("out", in_dtype),
         RSTD: T.Tensor((batch, num_tokens), "float32"),
         eps: T.float32,
         out_scale: T.float32,
         with_rstd: T.int32,
-        amax_clamp: T.float32,
-        round_sf: T.int32,
-        packed: T.int32,
-        with_out_bf16: T.int32,
-        mega_block_m: T.int32,
-        mega_aligned_block_m: T.int32,
     ):
         with T.Kernel(batch * num_tokens, threads=THREADS) as b:
             # Rows in flight per SM: caps registers so MIN_CTAS rows fit on an SM.
@@ -157,16 +122,13 @@ def build_norm_forward(
             T.assume(hidden % 16 == 0)
             T.assume(x_bs % align == 0)
             T.assume(x_rs % align == 0)
-            T.assume(o_bs % out_align == 0)
-            T.assume(o_rs % out_align == 0)
+            T.assume(o_bs % align == 0)
+            T.assume(o_rs % align == 0)
             if has_residual:
                 T.assume(r_bs % align == 0)
                 T.assume(r_rs % align == 0)
                 T.assume(ro_bs % align == 0)
                 T.assume(ro_rs % align == 0)
-            if quant:
-                T.assume(ob_bs % 8 == 0)
-                T.assume(ob_rs % 8 == 0)
             tx = T.get_thread_binding(0)
             # The row (norm_input) in x's dtype: it is rounded to it anyway, and bf16 halves the
             # registers. All loads of the row are issued before any use, so a thread has its
@@ -176,20 +138,7 @@ def build_norm_forward(
             rs = T.alloc_local((PASSES, VEC), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
             yb = T.alloc_local((VEC,), in_dtype)
-            qb = T.alloc_local((VEC,), out_dtype)
-            bb = T.alloc_local((VEC,), "bfloat16")
             red = T.alloc_shared((WARPS,), "float32")
-            mrow = T.alloc_var("int32")  # this token's row in the mega MoE SF buffer
-            mi = T.alloc_var("int32")
-            if quant:
-                if mega_block_m != 0:
-                    mi = ti % mega_block_m
-                    mrow = (
-                        (ti // mega_block_m) * mega_aligned_block_m
-                        + (mi // 128) * 128
-                        + (mi % 32) * 4
-                        + (mi % 128) // 32
-                    )
             ss = T.alloc_var("float32")
             ss = T.float32(0)
 
@@ -233,7 +182,7 @@ def build_norm_forward(
                 RSTD[bi, ti] = rstd
 
             for p in T.unroll(PASSES):
-                if p * PASS < hidden:  # the same for the whole CTA: the group shuffles below need every lane
+                if p * PASS < hidden:
                     if p * PASS + tx * VEC < hidden:
                         if has_weight:
                             for j in T.vectorized(VEC):
@@ -248,51 +197,12 @@ def build_norm_forward(
                         yb[j] = T.cast(
                             (T.cast(xs[p, j], "float32") * rstd) * (T.cast(wb[j], "float32") * out_scale), in_dtype
                         )
-                    if not quant:
-                        if p * PASS + tx * VEC < hidden:
-                            for j in T.vectorized(VEC):
-                                Y[bi, ti, p * PASS + tx * VEC + j] = yb[j]
-                    else:
-                        amax = T.alloc_var("float32")
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(T.cast(yb[j], "float32")))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, FMT_MAX)
-                        inv = T.alloc_var("float32")
-                        if round_sf != 0:
-                            inv = pow2_inverse(e)
-                        else:
-                            inv = T.float32(FMT_MAX) / c
-                        for j in T.unroll(VEC):
-                            qb[j] = T.cast(T.clamp(T.cast(yb[j], "float32") * inv, -FMT_MAX, FMT_MAX), "float8_e4m3fn")
-                        if p * PASS + tx * VEC < hidden:
-                            for j in T.vectorized(VEC):
-                                Y[bi, ti, p * PASS + tx * VEC + j] = qb[j]
-                            if with_out_bf16 != 0:
-                                for j in T.unroll(VEC):
-                                    bb[j] = T.cast(yb[j], "bfloat16")
-                                for j in T.vectorized(VEC):
-                                    YB[bi, ti, p * PASS + tx * VEC + j] = bb[j]
-                            group = (p * PASS + tx * VEC) // quant_npc
-                            if tx % lanes == 0:
-                                if packed != 0:
-                                    SP[bi, ti, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                                    # The last group zero-fills the rest of its 4-byte word.
-                                    if group == num_groups - 1:
-                                        for k in T.serial(3 - group % 4):
-                                            SP[bi, ti, group // 4, group % 4 + 1 + k] = T.uint8(0)
-                                elif round_sf != 0:
-                                    S[bi, ti, group] = pow2_sf(e)
-                                else:
-                                    S[bi, ti, group] = c / T.float32(FMT_MAX)
-                                if mega_block_m != 0:
-                                    MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                    if p * PASS + tx * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            Y[bi, ti, p * PASS + tx * VEC + j] = yb[j]
 
     return norm_forward_kernel
 
 
 def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
-    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, 0, cfg)
+    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, cfg)

@@ -1,16 +1,293 @@
-"""RMSNorm forward + per-token FP8 e4m3 cast: the factory in kernels_tl/quant/norm_forward.py
-with the quantising epilogue (build time only)."""
+"""RMSNorm forward + per-token FP8 e4m3 cast, as a TileLang factory (build time only).
 
-from kernels_tl.quant.norm_forward import (
-    DEFAULT_CONFIG,
-    PASS_CONFIGS,
-    LaunchConfig,
-    build_norm_forward,
-    candidate_configs,
-)
+Arithmetic, per row, in fp32, exactly as norm_forward's kernel (kernels_tl/quant/norm_forward.py):
+    v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
+    rstd = rsqrt(sum(v * v) / H + eps)
+    y = round_to_x_dtype((v * rstd) * (w * out_scale))
+with the same thread mapping (256 threads x 8 contiguous elements a pass), so the sum of squares
+adds the same values in the same order and y has norm_forward's bits. Then, as per_token_cast
+(numerics.md), per group of npc values of y: c = max(amax, clamp); plain SF = c / 448,
+inv = 448 / c; round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
+q = e4m3(clamp(y * inv, +-448)) (the conversion saturates, which is that clamp; NaN stays NaN).
 
-__all__ = ["PASS_CONFIGS", "build", "candidate_configs"]
+Launch (the host's CAST_CTAS_PER_SM, src/tilebake/quant/norm_forward.py): `num_ctas` CTAs, CTA c
+taking rows c, c + num_ctas, ... of the batch * num_tokens rows: min(rows, 4 x SMs) for a
+persistent launch, or one CTA per row. w * out_scale is computed once per CTA into shared
+memory, each thread reading back only the slots it wrote. A row stays in registers in x's
+dtype, so x is read once; bf16 pairs become fp32 from their 32-bit word (one shift or mask
+each) and fp32 pairs become bf16 and e4m3 two at a time. A pass starting beyond `hidden` is
+skipped (the same for every thread of the CTA); inside a pass each thread's 8 elements are all
+valid or all masked (the host checks hidden % 16 == 0). Masked elements are 0, so they add
+nothing to the sum of squares or to a group's amax.
+
+Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm/): bf16 with weight at
+16384 x 7168, e4m3 1 x 32 packed UE8M0: 129.7 us persistent without residual (the previous
+one-CTA-per-row kernel: 163.6 us), 201.2 us one CTA per row with residual (208.6 us).
+"""
+
+import dataclasses
+
+import tilelang.language as T
+
+from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent, pow2_sf
+from kernels_tl.quant.norm_forward import PASS_CONFIGS, row_strides
+from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
+
+__all__ = ["PASS_CONFIGS", "build"]
+
+FMT_MAX = 448.0
+THREADS = 256  # THREADS and VEC fix the order of the sum of squares: norm_forward's
+VEC = 8
+PASS = THREADS * VEC
+PASSES = -(-MAX_HIDDEN // PASS)
+WARPS = THREADS // 32
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
-    return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, v.num_per_channels, cfg)
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    min_ctas: int  # CTAs resident per SM: caps the registers (the persistent launch's CTAs per SM)
+
+
+def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
+    """4 CTAs of 256 threads per SM (at most 64 registers each); fp32 rows with residual take 80 (3 CTAs)."""
+    return LaunchConfig(CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
+
+
+def f32_pair(buf, *index):
+    """The fp32 values of a local buffer's elements index and index + 1 (last index even). bf16:
+    from the 32-bit word holding both, one shift or mask each (element-wise casts of bf16
+    cost twice that: the compiler splits the word into 16-bit halves first)."""
+    *head, last = index
+    if buf.dtype != "bfloat16":
+        return buf[(*head, last)], buf[(*head, last + 1)]
+    w = T.reinterpret(buf.vload([*head, last], "bfloat16x2"), "uint32")
+    return T.reinterpret(T.shift_left(w, T.uint32(16)), "float32"), T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
+
+
+def build(v, cfg: LaunchConfig | None = None):
+    """The kernel of a NormForwardCastVariant (cfg: tuning only, bench/tune_norm.py)."""
+    MIN_CTAS = (cfg or default_config(v.in_dtype, v.has_residual)).min_ctas
+    has_weight, has_residual, quant_npc = v.has_weight, v.has_residual, v.num_per_channels
+    in_dtype = _DTYPES[v.in_dtype]
+    align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
+    lanes = quant_npc // VEC  # consecutive lanes sharing one SF group
+    assert 1 <= lanes <= 32 and lanes & (lanes - 1) == 0, (quant_npc, VEC)
+
+    st = {name: row_strides(name) for name in ("x", "residual", "residual_out", "out", "out_bf16")}
+    x_bs, x_rs = st["x"]
+    r_bs, r_rs = st["residual"]
+    ro_bs, ro_rs = st["residual_out"]
+    o_bs, o_rs = st["out"]
+    ob_bs, ob_rs = st["out_bf16"]
+
+    def rows3(name, dtype):
+        return T.StridedTensor((batch, num_tokens, hidden), (*st[name], 1), dtype)
+
+    batch = T.dynamic("batch")
+    num_tokens = T.dynamic("num_tokens")
+    hidden = T.dynamic("hidden")
+    num_groups = T.ceildiv(hidden, quant_npc)
+    # Two views of the one SF tensor; the runtime flag `packed` picks the one written. fp32
+    # SF are indexed [b, token, group] (strides in elements), packed UE8M0 SF as bytes
+    # [b, token, word, byte] (strides in bytes): the host passes the strides that fit.
+    sf_bs = T.dynamic("sf_batch_stride")
+    sf_ts = T.dynamic("sf_stride_t")
+    sf_gs = T.dynamic("sf_stride_g")
+    # The mega MoE SF buffer (2-D x, npc 32, round_sf; off when mega_block_m == 0): UE8M0 bytes
+    # [physical row, word, byte], M-major (row stride 4 bytes, word stride mm_rows * 4). Tokens
+    # come in chunks of mega_block_m, each padded to mega_aligned_block_m rows; in every 128
+    # rows token i sits at row (i % 32) * 4 + i // 32.
+    mm_rows = T.dynamic("mm_rows")
+
+    @T.macro
+    def take_row(xs, xn, rn, sb, RO, bi, ti, tx):
+        """xs = the loaded row xn (+ rn, rounded to x's dtype, also stored to RO)."""
+        for p in T.unroll(PASSES):
+            if has_residual:
+                for j in T.vectorized(VEC):
+                    sb[p, j] = T.cast(T.cast(xn[p, j], "float32") + T.cast(rn[p, j], "float32"), in_dtype)
+                if p * PASS + tx * VEC < hidden:
+                    for j in T.vectorized(VEC):
+                        RO[bi, ti, p * PASS + tx * VEC + j] = sb[p, j]
+            for j in T.vectorized(VEC):
+                xs[p, j] = sb[p, j] if has_residual else xn[p, j]
+
+    @T.prim_func
+    def norm_forward_kernel(
+        X: rows3("x", in_dtype),
+        W: T.Tensor((hidden,), in_dtype),
+        R: rows3("residual", in_dtype),
+        RO: rows3("residual_out", in_dtype),
+        Y: rows3("out", "float8_e4m3fn"),
+        YB: rows3("out_bf16", "bfloat16"),
+        S: T.StridedTensor((batch, num_tokens, num_groups), (sf_bs, sf_ts, sf_gs), "float32"),
+        SP: T.StridedTensor((batch, num_tokens, T.ceildiv(num_groups, 4), 4), (sf_bs, sf_ts, sf_gs, 1), "uint8"),
+        MM: T.StridedTensor((mm_rows, T.ceildiv(num_groups, 4), 4), (4, mm_rows * 4, 1), "uint8"),
+        RSTD: T.Tensor((batch, num_tokens), "float32"),
+        eps: T.float32,
+        out_scale: T.float32,
+        with_rstd: T.int32,
+        amax_clamp: T.float32,
+        round_sf: T.int32,
+        packed: T.int32,
+        with_out_bf16: T.int32,
+        mega_block_m: T.int32,
+        mega_aligned_block_m: T.int32,
+        num_ctas: T.int32,
+    ):
+        with T.Kernel(num_ctas, threads=THREADS) as b:
+            T.annotate_min_blocks_per_sm(MIN_CTAS)
+            # The host checks these; they make every thread-vector access whole 16-byte vectors.
+            T.assume(hidden % 16 == 0)
+            T.assume(x_bs % align == 0)
+            T.assume(x_rs % align == 0)
+            T.assume(o_bs % 16 == 0)
+            T.assume(o_rs % 16 == 0)
+            if has_residual:
+                T.assume(r_bs % align == 0)
+                T.assume(r_rs % align == 0)
+                T.assume(ro_bs % align == 0)
+                T.assume(ro_rs % align == 0)
+            T.assume(ob_bs % 8 == 0)
+            T.assume(ob_rs % 8 == 0)
+            tx = T.get_thread_binding(0)
+            # xn and rn receive a row's loads; xs holds it (norm_input) while it is normalised.
+            xs = T.alloc_local((PASSES, VEC), in_dtype)
+            xn = T.alloc_local((PASSES, VEC), in_dtype)
+            rn = T.alloc_local((PASSES, VEC), in_dtype)
+            sb = T.alloc_local((PASSES, VEC), in_dtype)  # x + residual, rounded
+            wv = T.alloc_local((VEC,), "float32")
+            yf = T.alloc_local((VEC,), "float32")
+            yb = T.alloc_local((VEC,), in_dtype)
+            yr = T.alloc_local((VEC,), "float32")
+            qb = T.alloc_local((VEC,), "float8_e4m3fn")
+            red = T.alloc_shared((2, WARPS), "float32")  # by row parity: one barrier per row
+            # w * out_scale in fp32, once per CTA. Each thread reads back only the slots it
+            # wrote (no barrier); 16-byte chunks in thread order keep a warp's reads conflict-free.
+            wsh = T.alloc_shared((PASSES, VEC // 4, THREADS, 4), "float32")
+            if has_weight:
+                for p in T.unroll(PASSES):
+                    if p * PASS + tx * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            yb[j] = W[p * PASS + tx * VEC + j]
+                        for c in T.unroll(VEC // 4):
+                            for j in T.vectorized(4):
+                                wsh[p, c, tx, j] = T.cast(yb[c * 4 + j], "float32") * out_scale
+
+            nb = T.ceildiv(batch * num_tokens - b, num_ctas)  # this CTA's rows b, b + num_ctas, ...
+            bi = T.alloc_var("int32")
+            ti = T.alloc_var("int32")
+            mrow = T.alloc_var("int32")  # the row's row in the mega MoE SF buffer
+            mi = T.alloc_var("int32")
+            ss = T.alloc_var("float32")
+            total = T.alloc_var("float32")
+            rstd = T.alloc_var("float32")
+            amax = T.alloc_var("float32")
+            inv = T.alloc_var("float32")
+            bi = 0
+            ti = 0
+            for p in T.unroll(PASSES):  # (keeps TileLang's read-before-write check quiet)
+                for j in T.unroll(VEC):
+                    xn[p, j] = T.cast(0, in_dtype)
+                    rn[p, j] = T.cast(0, in_dtype)
+            for k in T.serial(nb):
+                if batch == 1:
+                    ti = b + k * num_ctas
+                else:
+                    bi = (b + k * num_ctas) // num_tokens
+                    ti = (b + k * num_ctas) % num_tokens
+                for p in T.unroll(PASSES):
+                    if p * PASS + tx * VEC < hidden:
+                        for j in T.vectorized(VEC):
+                            xn[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
+                        if has_residual:
+                            for j in T.vectorized(VEC):
+                                rn[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
+                    else:
+                        for j in T.unroll(VEC):
+                            xn[p, j] = T.cast(0, in_dtype)
+                            rn[p, j] = T.cast(0, in_dtype)
+                take_row(xs, xn, rn, sb, RO, bi, ti, tx)
+                ss = T.float32(0)
+                for p in T.unroll(PASSES):
+                    for i in T.unroll(VEC // 2):
+                        lo, hi = f32_pair(xs, p, 2 * i)
+                        ss = ss + lo * lo
+                        ss = ss + hi * hi
+                # Sum of squares over the CTA: a butterfly in each warp (every lane ends with
+                # the same bits), then the WARPS partials in a fixed order.
+                for s in T.unroll(5):
+                    ss = ss + T.shfl_xor(ss, 16 >> s)
+                if tx % 32 == 0:
+                    red[k % 2, tx // 32] = ss
+                T.sync_threads()
+                total = red[k % 2, 0]
+                for w in T.unroll(WARPS - 1):
+                    total = total + red[k % 2, w + 1]
+                rstd = T.rsqrt(total / T.cast(hidden, "float32") + eps)
+                if with_rstd != 0 and tx == 0:
+                    RSTD[bi, ti] = rstd
+                if mega_block_m != 0:
+                    mi = ti % mega_block_m
+                    mrow = (
+                        (ti // mega_block_m) * mega_aligned_block_m
+                        + (mi // 128) * 128
+                        + (mi % 32) * 4
+                        + (mi % 128) // 32
+                    )
+
+                for p in T.unroll(PASSES):
+                    if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
+                        if has_weight:
+                            for c in T.unroll(VEC // 4):
+                                for j in T.vectorized(4):
+                                    wv[c * 4 + j] = wsh[p, c, tx, j]
+                        else:
+                            for j in T.unroll(VEC):
+                                wv[j] = out_scale
+                        for i in T.unroll(VEC // 2):
+                            lo, hi = f32_pair(xs, p, 2 * i)
+                            yf[2 * i] = (lo * rstd) * wv[2 * i]
+                            yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
+                        for j in T.vectorized(VEC):  # two values per conversion instruction
+                            yb[j] = T.cast(yf[j], in_dtype)
+                        for i in T.unroll(VEC // 2):
+                            yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
+                        amax = T.float32(0)
+                        for j in T.unroll(VEC):
+                            amax = T.max(amax, T.abs(yr[j]))
+                        for s in T.unroll(lanes.bit_length() - 1):
+                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                        c = T.max(amax, amax_clamp)
+                        e = pow2_scale_exponent(c, FMT_MAX)
+                        if round_sf != 0:
+                            inv = pow2_inverse(e)
+                        else:
+                            inv = T.float32(FMT_MAX) / c
+                        for j in T.unroll(VEC):
+                            yf[j] = yr[j] * inv
+                        for j in T.vectorized(VEC):  # saturating: clamps to +-448
+                            qb[j] = T.cast(yf[j], "float8_e4m3fn")
+                        if p * PASS + tx * VEC < hidden:
+                            for j in T.vectorized(VEC):
+                                Y[bi, ti, p * PASS + tx * VEC + j] = qb[j]
+                            if with_out_bf16 != 0:
+                                for j in T.vectorized(VEC):
+                                    YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
+                            group = (p * PASS + tx * VEC) // quant_npc
+                            if tx % lanes == 0:
+                                if packed != 0:
+                                    SP[bi, ti, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                    # The last group zero-fills the rest of its 4-byte word.
+                                    if group == num_groups - 1:
+                                        for z in T.serial(3 - group % 4):
+                                            SP[bi, ti, group // 4, group % 4 + 1 + z] = T.uint8(0)
+                                elif round_sf != 0:
+                                    S[bi, ti, group] = pow2_sf(e)
+                                else:
+                                    S[bi, ti, group] = c / T.float32(FMT_MAX)
+                                if mega_block_m != 0:
+                                    MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
+
+    return norm_forward_kernel

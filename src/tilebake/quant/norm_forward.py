@@ -65,6 +65,13 @@ class NormForwardCastVariant(Variant):
 
 MAX_HIDDEN = 8192
 
+# norm_forward_and_per_token_cast's grid, per (dtype, has_residual): CTAs per SM of a persistent
+# launch (min(rows, that x SMs) CTAs, CTA c taking rows c, c + num_ctas, ...: w * out_scale is
+# computed once per CTA), or None for one CTA per row (measured faster with residual).
+# kernels_tl/quant/norm_forward_and_per_token_cast.py builds with these as its minimum CTAs per
+# SM (4 where None). norm_forward's kernel takes one CTA per row.
+CAST_CTAS_PER_SM = {("bf16", False): 4, ("bf16", True): None, ("fp32", False): 4, ("fp32", True): 3}
+
 
 def check_norm_rows(x, name: str, hidden_multiple: int, dims=(2, 3)) -> None:
     """x: a bf16/fp32 tensor of `dims` dims, 0 < hidden <= 8192 and a multiple of hidden_multiple,
@@ -166,6 +173,7 @@ def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tup
         names += ["R", "RO", "residual_batch_stride", "residual_stride", "residual_out_batch_stride"]
         names += ["residual_out_stride"]
     if quant:
+        names += ["num_ctas"]
         names += ["YB", "S", "SP", "amax_clamp", "round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride"]
         names += ["out_bf16_stride", "sf_batch_stride", "sf_stride_t", "sf_stride_g"]
         names += ["MM", "mm_rows", "mega_block_m", "mega_aligned_block_m"]
@@ -197,10 +205,15 @@ def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hid
 
 
 def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_out, rstd, **quant_args) -> None:
-    """Launch one row per CTA over batch * num_tokens rows; nothing to do for an empty x."""
+    """Launch over batch * num_tokens rows (norm_forward: one CTA per row; the cast: CAST_CTAS_PER_SM);
+    nothing to do for an empty x."""
     batch, num_tokens = (1, *x.shape[:1]) if x.dim() == 2 else x.shape[:2]
     if batch * num_tokens == 0:
         return
+    if table is _CAST_KERNELS:
+        per_sm = CAST_CTAS_PER_SM[FLOAT_FORMATS[x.dtype], residual is not None]
+        rows = batch * num_tokens
+        quant_args["num_ctas"] = rows if per_sm is None else min(rows, per_sm * config.get_num_sms())
     check_pointers(x=x, weight=weight, residual=residual, residual_out=residual_out, out=out)
     key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, *quant_args.pop("key_extra", ()))
     x_bs, x_rs = rows_strides(x)
