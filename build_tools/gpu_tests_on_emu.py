@@ -47,6 +47,14 @@ def emulated_kernel(variant, out_dir: Path, arg_names):
     return block_emu.EmulatedKernel(str(cu), str(out_dir / f"{variant.id}.so"), arg_names)
 
 
+def _takes(table, v) -> bool:
+    """A table of an op whose tables are split by runtime flags (a dict of KernelTables): the one
+    whose argument names the variant's lowered kernel has (checked at lowering); else any."""
+    if hasattr(v, "has_weight"):  # the norm ops: one table per (weight, residual)
+        return table.arg_names.count("W") == v.has_weight and table.arg_names.count("R") == v.has_residual
+    return True
+
+
 def install(ops: list[str], out_dir: Path) -> int:
     """Emulated kernels for every variant of `ops` in their KernelTables; returns how many."""
     from tilebake._registry import all_variants
@@ -57,7 +65,10 @@ def install(ops: list[str], out_dir: Path) -> int:
         if v.op not in ops:
             continue
         module = importlib.import_module(type(v).__module__)
-        tables = [t for t in vars(module).values() if isinstance(t, KernelTable) and t.variant_type is type(v)]
+        candidates = [t for t in vars(module).values() if isinstance(t, KernelTable)]
+        candidates += [t for d in vars(module).values() if isinstance(d, dict) for t in d.values() if isinstance(t, KernelTable)]
+        key = tuple(getattr(v, f.name) for f in dataclasses.fields(v))
+        tables = [t for t in candidates if t.variant_type is type(v) and _takes(t, v)]
         if len(tables) != 1:
             raise SystemExit(f"{module.__name__}: expected one KernelTable of {type(v).__name__}, found {len(tables)}")
         key = tuple(getattr(v, f.name) for f in dataclasses.fields(v))
