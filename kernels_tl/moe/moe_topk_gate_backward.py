@@ -61,6 +61,81 @@ def block_sum_(acc, buf, base, lane, w):
         acc[0] = acc[0] + buf[base + i + 1]
 
 
+@T.macro
+def load_slot_(U, IDX, TW, G, token, lane, row_on: T.Ref, slot_on: T.Ref, e: T.Ref, g: T.Ref, tw: T.Ref, u_sel: T.Ref,
+               idx64: T.Ref, den, dot, num_topk, num_experts):  # fmt: skip
+    """Lane j < k (of a token whose row is on) loads slot j: slot_on, its expert e, g_j, w_j and
+    u[e] (zeros for an off or invalid slot); then den[0] = D and dot[0] = <g, w> over the warp.
+    token: (t,), a 1-tuple, so that a T.alloc_var t is read where it is used (a macro argument
+    would be copied into a new variable, which changes the generated code)."""
+    slot_on = False
+    e = 0
+    g = T.float32(0)
+    tw = T.float32(0)
+    u_sel = T.float32(0)
+    if row_on and lane < num_topk:
+        idx64 = IDX[token[0], lane]
+        if idx64 >= T.int64(0) and idx64 < T.cast(num_experts, "int64"):
+            slot_on = True
+            e = T.cast(idx64, "int32")
+            g = G[token[0], lane]
+            tw = TW[token[0], lane]
+            u_sel = U[token[0], e]
+    den[0] = u_sel
+    warp_sum_(den)
+    den[0] = den[0] + T.float32(DENOMINATOR_START)
+    dot[0] = g * tw
+    warp_sum_(dot)
+
+
+@T.macro
+def row_sum_(acc, r, buf, parts, lane, w):
+    """acc[0] = its sum over the token's row: a warp's (buf None) or the CTA's (block_sum_ with
+    the partial sums r of buf[parts ...])."""
+    if buf is None:
+        warp_sum_(acc)
+    else:
+        block_sum_(acc, buf, parts + r * BLOCK_WARPS, lane, w)
+
+
+@T.macro
+def logit_grad_(u, h, gu, slots, row_on: T.Ref, total, dot, inv: T.Ref, d: T.Ref, uu: T.Ref, has_aux, scoring, buf,
+                parts, lane, w):  # fmt: skip
+    """gu (grad_u from the route terms) += the aux term (has_aux), then gu = grad_logit by the
+    scoring function's derivative, from u; h: the token's grad_scores_sum row. Row sums by row_sum_."""
+    if has_aux != 0:
+        total[0] = T.float32(0)
+        dot[0] = T.float32(0)
+        for j in T.unroll(slots):
+            total[0] = total[0] + u[j]
+            dot[0] = dot[0] + h[j] * u[j]
+        row_sum_(total, 0, buf, parts, lane, w)
+        row_sum_(dot, 1, buf, parts, lane, w)
+        inv = T.float32(0)
+        if row_on:
+            inv = T.float32(1) / total[0]
+        for j in T.unroll(slots):
+            gu[j] = gu[j] + (h[j] - dot[0] * inv) * inv
+
+    if scoring == SOFTMAX:
+        dot[0] = T.float32(0)
+        for j in T.unroll(slots):
+            dot[0] = dot[0] + u[j] * gu[j]
+        row_sum_(dot, 2, buf, parts, lane, w)
+        for j in T.unroll(slots):
+            gu[j] = u[j] * (gu[j] - dot[0])
+    elif scoring == SIGMOID:
+        for j in T.unroll(slots):
+            gu[j] = gu[j] * (u[j] * (T.float32(1) - u[j]))
+    else:
+        for j in T.unroll(slots):
+            uu = u[j]
+            d = T.float32(0)
+            if uu > T.float32(0):
+                d = -T.call_extern("float32", "expm1f", -(uu * uu)) / (T.float32(2) * uu)
+            gu[j] = gu[j] * d
+
+
 def build(v: MoeTopkGateBackwardVariant):
     if v.max_experts > 32 * 32:
         return build_block(v)
@@ -131,24 +206,7 @@ def build(v: MoeTopkGateBackwardVariant):
                         h[j] = H[t // tokens_per_seq, j * 32 + lane]
 
             # Lane j < k: slot j.
-            slot_on = False
-            e = 0
-            g = T.float32(0)
-            tw = T.float32(0)
-            u_sel = T.float32(0)
-            if row_on and lane < num_topk:
-                idx64 = IDX[t, lane]
-                if idx64 >= T.int64(0) and idx64 < T.cast(num_experts, "int64"):
-                    slot_on = True
-                    e = T.cast(idx64, "int32")
-                    g = G[t, lane]
-                    tw = TW[t, lane]
-                    u_sel = U[t, e]
-            den[0] = u_sel
-            warp_sum_(den)
-            den[0] = den[0] + T.float32(DENOMINATOR_START)
-            dot[0] = g * tw
-            warp_sum_(dot)
+            load_slot_(U, IDX, TW, G, (t,), lane, row_on, slot_on, e, g, tw, u_sel, idx64, den, dot, num_topk, num_experts)
             T.sync_warp()  # the zeroed route row is visible to every lane
             if slot_on:
                 T.atomic_add(route[w, e], (routed_scaling_factor * g - dot[0]) / den[0])
@@ -156,37 +214,7 @@ def build(v: MoeTopkGateBackwardVariant):
             for j in T.unroll(slots):
                 gu[j] = route[w, j * 32 + lane]
 
-            if has_aux != 0:
-                total[0] = T.float32(0)
-                dot[0] = T.float32(0)
-                for j in T.unroll(slots):
-                    total[0] = total[0] + u[j]
-                    dot[0] = dot[0] + h[j] * u[j]
-                warp_sum_(total)
-                warp_sum_(dot)
-                inv = T.float32(0)
-                if row_on:
-                    inv = T.float32(1) / total[0]
-                for j in T.unroll(slots):
-                    gu[j] = gu[j] + (h[j] - dot[0] * inv) * inv
-
-            if scoring == SOFTMAX:
-                dot[0] = T.float32(0)
-                for j in T.unroll(slots):
-                    dot[0] = dot[0] + u[j] * gu[j]
-                warp_sum_(dot)
-                for j in T.unroll(slots):
-                    gu[j] = u[j] * (gu[j] - dot[0])
-            elif scoring == SIGMOID:
-                for j in T.unroll(slots):
-                    gu[j] = gu[j] * (u[j] * (T.float32(1) - u[j]))
-            else:
-                for j in T.unroll(slots):
-                    uu = u[j]
-                    d = T.float32(0)
-                    if uu > T.float32(0):
-                        d = -T.call_extern("float32", "expm1f", -(uu * uu)) / (T.float32(2) * uu)
-                    gu[j] = gu[j] * d
+            logit_grad_(u, h, gu, slots, row_on, total, dot, inv, d, uu, has_aux, scoring, None, 0, lane, w)
 
             for j in T.unroll(slots):
                 if t < num_tokens and j * 32 + lane < num_experts:
@@ -266,24 +294,7 @@ def build_block(v: MoeTopkGateBackwardVariant):
                         h[j] = H[t // tokens_per_seq, j * BLOCK_THREADS + tx]
 
             # Lane j < k of every warp: slot j (so every warp sums D and <g, w> itself).
-            slot_on = False
-            e = 0
-            g = T.float32(0)
-            tw = T.float32(0)
-            u_sel = T.float32(0)
-            if row_on and lane < num_topk:
-                idx64 = IDX[t, lane]
-                if idx64 >= T.int64(0) and idx64 < T.cast(num_experts, "int64"):
-                    slot_on = True
-                    e = T.cast(idx64, "int32")
-                    g = G[t, lane]
-                    tw = TW[t, lane]
-                    u_sel = U[t, e]
-            den[0] = u_sel
-            warp_sum_(den)
-            den[0] = den[0] + T.float32(DENOMINATOR_START)
-            dot[0] = g * tw
-            warp_sum_(dot)
+            load_slot_(U, IDX, TW, G, (t,), lane, row_on, slot_on, e, g, tw, u_sel, idx64, den, dot, num_topk, num_experts)
             T.sync_threads()  # the zeroed route row is visible
             if slot_on and w == 0:
                 T.atomic_add(buf[e], (routed_scaling_factor * g - dot[0]) / den[0])
@@ -291,37 +302,7 @@ def build_block(v: MoeTopkGateBackwardVariant):
             for j in T.unroll(slots):
                 gu[j] = buf[j * BLOCK_THREADS + tx]
 
-            if has_aux != 0:
-                total[0] = T.float32(0)
-                dot[0] = T.float32(0)
-                for j in T.unroll(slots):
-                    total[0] = total[0] + u[j]
-                    dot[0] = dot[0] + h[j] * u[j]
-                block_sum_(total, buf, parts, lane, w)
-                block_sum_(dot, buf, parts + BLOCK_WARPS, lane, w)
-                inv = T.float32(0)
-                if row_on:
-                    inv = T.float32(1) / total[0]
-                for j in T.unroll(slots):
-                    gu[j] = gu[j] + (h[j] - dot[0] * inv) * inv
-
-            if scoring == SOFTMAX:
-                dot[0] = T.float32(0)
-                for j in T.unroll(slots):
-                    dot[0] = dot[0] + u[j] * gu[j]
-                block_sum_(dot, buf, parts + 2 * BLOCK_WARPS, lane, w)
-                for j in T.unroll(slots):
-                    gu[j] = u[j] * (gu[j] - dot[0])
-            elif scoring == SIGMOID:
-                for j in T.unroll(slots):
-                    gu[j] = gu[j] * (u[j] * (T.float32(1) - u[j]))
-            else:
-                for j in T.unroll(slots):
-                    uu = u[j]
-                    d = T.float32(0)
-                    if uu > T.float32(0):
-                        d = -T.call_extern("float32", "expm1f", -(uu * uu)) / (T.float32(2) * uu)
-                    gu[j] = gu[j] * d
+            logit_grad_(u, h, gu, slots, row_on, total, dot, inv, d, uu, has_aux, scoring, buf, parts, lane, w)
 
             for j in T.unroll(slots):
                 if j * BLOCK_THREADS + tx < num_experts:
