@@ -37,6 +37,57 @@ NO_INDEX = 0x7FFFFFFF  # larger than any expert index: loses every tie
 PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
+@T.macro
+def load_scores_(vals, bad: T.Ref, S, token, slots, expert, num_experts):
+    """vals[j] = the score of expert(j) of row token[0] (-inf past num_experts); bad = 1 if one
+    is non-finite (exponent bits all ones: inf or NaN; the padding -inf is not a score).
+    token: (t,), a 1-tuple, so that a T.alloc_var t is read in place (a macro argument would be
+    copied into a new variable, which changes the generated code)."""
+    for j in T.unroll(slots):
+        if expert(j) < num_experts:
+            vals[j] = S[token[0], expert(j)]
+        else:
+            vals[j] = -T.infinity("float32")
+    bad = 0
+    for j in T.unroll(slots):
+        if expert(j) < num_experts:
+            if T.bitwise_and(T.reinterpret(vals[j], "uint32"), T.uint32(0x7F800000)) == T.uint32(0x7F800000):
+                bad = 1
+
+
+@T.macro
+def scan_best_(vals, best_v: T.Ref, best_i: T.Ref, slots, expert, dropped):
+    """(best_v, best_i) = this thread's best (score, expert(j)) of vals; dropped: None, or
+    (win_i,), the expert whose score is first set to -inf (a round's winner)."""
+    best_v = -T.infinity("float32")
+    best_i = NO_INDEX
+    for j in T.unroll(slots):
+        if dropped is not None:
+            if expert(j) == dropped[0]:
+                vals[j] = -T.infinity("float32")
+        if vals[j] > best_v:  # strict: the earlier (smaller) index keeps a tie
+            best_v = vals[j]
+            best_i = expert(j)
+
+
+@T.macro
+def warp_best_(best_v: T.Ref, best_i: T.Ref, win_v: T.Ref, win_i: T.Ref, tied: T.Ref):
+    """(win_v, win_i) = the warp's best of the lanes' (best_v, best_i), in every lane: the
+    maximum (exact: every lane gets the same bits), then which lanes hold it. One lane (the rule
+    without exact ties): its index, one shuffle. Several: the smallest of their indices, a min
+    butterfly."""
+    win_v = best_v
+    for s in T.unroll(5):
+        win_v = T.max(win_v, T.shfl_xor(win_v, 16 >> s))
+    tied = T.cast(T.ballot_sync(best_v == win_v), "uint32")
+    if T.bitwise_and(tied, tied - T.uint32(1)) == T.uint32(0):
+        win_i = T.shfl_sync(best_i, T.__ffs(T.cast(tied, "int32")) - 1)
+    else:
+        win_i = T.if_then_else(best_v == win_v, best_i, NO_INDEX)
+        for s in T.unroll(5):
+            win_i = T.min(win_i, T.shfl_xor(win_i, 16 >> s))
+
+
 def build(v: TopkGateVariant):
     if v.max_experts > 32 * 32:
         return build_block(v)
@@ -67,52 +118,16 @@ def build(v: TopkGateVariant):
             bad = T.alloc_var("int32")
             result = T.alloc_var("int32")
             if t < num_tokens:  # uniform over the warp
-                for j in T.unroll(slots):
-                    if j * 32 + lane < num_experts:
-                        vals[j] = S[t, j * 32 + lane]
-                    else:
-                        vals[j] = -T.infinity("float32")
-                # Exponent bits all ones: inf or NaN (the padding -inf is not a score).
-                bad = 0
-                for j in T.unroll(slots):
-                    if j * 32 + lane < num_experts:
-                        if T.bitwise_and(T.reinterpret(vals[j], "uint32"), T.uint32(0x7F800000)) == T.uint32(
-                            0x7F800000
-                        ):
-                            bad = 1
+                load_scores_(vals, bad, S, (t,), slots, lambda j: j * 32 + lane, num_experts)
                 result = -1
                 if T.any_sync(bad != 0) == 0:
-                    best_v = -T.infinity("float32")
-                    best_i = NO_INDEX
-                    for j in T.unroll(slots):
-                        if vals[j] > best_v:  # strict: the earlier (smaller) index keeps a tie
-                            best_v = vals[j]
-                            best_i = j * 32 + lane
+                    scan_best_(vals, best_v, best_i, slots, lambda j: j * 32 + lane, None)
                     for r in T.serial(num_topk):
-                        # The round's maximum (exact: every lane gets the same bits), then which
-                        # lanes hold it. One lane (the rule without exact ties): its index, one
-                        # shuffle. Several: the smallest of their indices, a min butterfly.
-                        win_v = best_v
-                        for s in T.unroll(5):
-                            win_v = T.max(win_v, T.shfl_xor(win_v, 16 >> s))
-                        tied = T.cast(T.ballot_sync(best_v == win_v), "uint32")
-                        if T.bitwise_and(tied, tied - T.uint32(1)) == T.uint32(0):
-                            win_i = T.shfl_sync(best_i, T.__ffs(T.cast(tied, "int32")) - 1)
-                        else:
-                            win_i = T.if_then_else(best_v == win_v, best_i, NO_INDEX)
-                            for s in T.unroll(5):
-                                win_i = T.min(win_i, T.shfl_xor(win_i, 16 >> s))
+                        warp_best_(best_v, best_i, win_v, win_i, tied)
                         if lane == r:
                             result = win_i
                         if win_i % 32 == lane:  # this lane owned the winner: drop it, rescan
-                            best_v = -T.infinity("float32")
-                            best_i = NO_INDEX
-                            for j in T.unroll(slots):
-                                if j * 32 + lane == win_i:
-                                    vals[j] = -T.infinity("float32")
-                                if vals[j] > best_v:
-                                    best_v = vals[j]
-                                    best_i = j * 32 + lane
+                            scan_best_(vals, best_v, best_i, slots, lambda j: j * 32 + lane, (win_i,))
                 if lane < num_topk:
                     Out[t, lane] = T.cast(result, "int64")
 
@@ -152,16 +167,7 @@ def build_block(v: TopkGateVariant):
             bad = T.alloc_var("int32")
             result = T.alloc_var("int32")
             half = T.alloc_var("int32")
-            for j in T.unroll(slots):
-                if j * BLOCK_THREADS + tx < num_experts:
-                    vals[j] = S[t, j * BLOCK_THREADS + tx]
-                else:
-                    vals[j] = -T.infinity("float32")
-            bad = 0
-            for j in T.unroll(slots):
-                if j * BLOCK_THREADS + tx < num_experts:
-                    if T.bitwise_and(T.reinterpret(vals[j], "uint32"), T.uint32(0x7F800000)) == T.uint32(0x7F800000):
-                        bad = 1
+            load_scores_(vals, bad, S, (t,), slots, lambda j: j * BLOCK_THREADS + tx, num_experts)
             bad = T.any_sync(bad != 0)
             if lane == 0:
                 post_i[2 * BLOCK_WARPS + w] = bad
@@ -171,24 +177,9 @@ def build_block(v: TopkGateVariant):
                 bad = T.bitwise_or(bad, post_i[2 * BLOCK_WARPS + i])
             result = -1
             if bad == 0:  # CTA-uniform: the barriers below are reached by every thread
-                best_v = -T.infinity("float32")
-                best_i = NO_INDEX
-                for j in T.unroll(slots):
-                    if vals[j] > best_v:  # strict: the earlier (smaller) index keeps a tie
-                        best_v = vals[j]
-                        best_i = j * BLOCK_THREADS + tx
+                scan_best_(vals, best_v, best_i, slots, lambda j: j * BLOCK_THREADS + tx, None)
                 for r in T.serial(num_topk):
-                    # This warp's best, as the fast kernel's round.
-                    win_v = best_v
-                    for s in T.unroll(5):
-                        win_v = T.max(win_v, T.shfl_xor(win_v, 16 >> s))
-                    tied = T.cast(T.ballot_sync(best_v == win_v), "uint32")
-                    if T.bitwise_and(tied, tied - T.uint32(1)) == T.uint32(0):
-                        win_i = T.shfl_sync(best_i, T.__ffs(T.cast(tied, "int32")) - 1)
-                    else:
-                        win_i = T.if_then_else(best_v == win_v, best_i, NO_INDEX)
-                        for s in T.unroll(5):
-                            win_i = T.min(win_i, T.shfl_xor(win_i, 16 >> s))
+                    warp_best_(best_v, best_i, win_v, win_i, tied)  # this warp's best
                     half = (r % 2) * BLOCK_WARPS
                     if lane == 0:
                         post_v[half + w] = win_v
@@ -206,14 +197,7 @@ def build_block(v: TopkGateVariant):
                     if tx == r:
                         result = win_i
                     if win_i % BLOCK_THREADS == tx:  # this thread owned the winner: drop it, rescan
-                        best_v = -T.infinity("float32")
-                        best_i = NO_INDEX
-                        for j in T.unroll(slots):
-                            if j * BLOCK_THREADS + tx == win_i:
-                                vals[j] = -T.infinity("float32")
-                            if vals[j] > best_v:
-                                best_v = vals[j]
-                                best_i = j * BLOCK_THREADS + tx
+                        scan_best_(vals, best_v, best_i, slots, lambda j: j * BLOCK_THREADS + tx, (win_i,))
             if tx < num_topk:
                 Out[t, tx] = T.cast(result, "int64")
 
