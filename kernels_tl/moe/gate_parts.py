@@ -13,7 +13,7 @@ warp-uniform branch.
 import tilelang.language as T
 
 from kernels_tl.quant.common import fmix32
-from tilebake.moe.moe_topk_gate_forward import DRAWS_PER_SLOT, GOLDEN
+from tilebake.moe.moe_topk_gate_forward import DRAWS_PER_SLOT, FLAG_FIX, FLAG_IMAGE, FLAG_MASK, FLAG_RANDOM, GOLDEN
 
 FULL = 0xFFFFFFFF  # every lane of the warp
 NONE = 0xFFFFFFFF  # the id of no expert (larger than every expert, so redux.min skips it)
@@ -56,6 +56,25 @@ def score_value(func, x, m, total):
     if func == "sigmoid":
         return T.float32(1) / (T.float32(1) + T.exp(-x))
     return T.sqrt(T.if_then_else(x > T.float32(20), x, T.log1p(T.exp(x))))
+
+
+@T.macro
+def token_mode(Mask, Random, FixMask, ImageMask, token, flags, routed: T.Ref, rand: T.Ref, fixed: T.Ref, image: T.Ref):
+    """The token's mode (mask > force_random > fix_routing_mask > top-k) from its flag bytes:
+    routed, rand, fixed, image (0 / 1). token: (t,), a 1-tuple, so that a T.alloc_var t is read
+    in place (a macro argument would be copied into a new variable, changing the generated code)."""
+    routed = 1
+    if (flags & FLAG_MASK) != 0:
+        routed = T.if_then_else(Mask[token[0]] != T.int8(0), 1, 0)
+    rand = 0
+    if (flags & FLAG_RANDOM) != 0:
+        rand = T.if_then_else(Random[token[0]] != T.int8(0), routed, 0)
+    fixed = 0
+    if (flags & FLAG_FIX) != 0:
+        fixed = T.if_then_else(FixMask[token[0]] != T.int8(0), routed * (1 - rand), 0)
+    image = 0
+    if (flags & FLAG_IMAGE) != 0:
+        image = T.if_then_else(ImageMask[token[0]] != T.int8(0), 1, 0)
 
 
 @T.macro

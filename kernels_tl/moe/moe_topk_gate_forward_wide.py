@@ -26,16 +26,13 @@ from kernels_tl.moe.gate_parts import (
     redux_min,
     score_value,
     select_topk,
+    token_mode,
     top2_merge_xor,
     write_outputs,
 )
 from tilebake.moe.moe_topk_gate_forward import (
     FLAG_BIAS,
-    FLAG_FIX,
-    FLAG_IMAGE,
     FLAG_MAP,
-    FLAG_MASK,
-    FLAG_RANDOM,
     FLAG_SCORES,
     FLAG_UNMAPPED,
     PHYSICAL_STRIDE,
@@ -125,18 +122,7 @@ def build(v: MoeTopkGateForwardVariant):
             gmask = T.alloc_var("uint32")
             mg = T.alloc_var("uint32")
             gi = T.alloc_var("uint32")
-            routed = 1
-            if (flags & FLAG_MASK) != 0:
-                routed = T.if_then_else(Mask[t] != T.int8(0), 1, 0)
-            rand = 0
-            if (flags & FLAG_RANDOM) != 0:
-                rand = T.if_then_else(Random[t] != T.int8(0), routed, 0)
-            fixed = 0
-            if (flags & FLAG_FIX) != 0:
-                fixed = T.if_then_else(FixMask[t] != T.int8(0), routed * (1 - rand), 0)
-            image = 0
-            if (flags & FLAG_IMAGE) != 0:
-                image = T.if_then_else(ImageMask[t] != T.int8(0), 1, 0)
+            token_mode(Mask, Random, FixMask, ImageMask, (t,), flags, routed, rand, fixed, image)
             nonfinite = 0
             for c in T.unroll(CHUNKS):
                 if c * CHUNK * THREADS < num_experts:
