@@ -2,7 +2,7 @@
 
 CMake calls it in three roles (see CMakeLists.txt):
 
-  aot.py list                         variant ids and their kernel sources, one per line
+  aot.py list                         variant ids and the repository files their lowering imports
   aot.py lower ID... --out DIR --arch A
                                       lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json
   aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json (build facts, op
@@ -264,8 +264,8 @@ def cmd_manifest(args):
             meta = json.loads((out / arch / f"{vid}.json").read_text())
             if meta.get("source_sha256") != digests[v.op]:  # never ship a kernel of older sources
                 raise SystemExit(
-                    f"aot: {arch}/{vid} was lowered from other sources than the repository's now (one of "
-                    f"`aot.py list --ops {v.op}` changed during the build, or CMake missed it): "
+                    f"aot: {arch}/{vid} was lowered from other sources than the repository's now (a file "
+                    f"`aot.py list --ops {v.op}` names changed during the build, or CMake missed it): "
                     f"remove {out / arch / vid}.json and build again"
                 )
             cubin = out / arch / f"{vid}.cubin"
