@@ -2,7 +2,7 @@
 
 CMake calls it in three roles (see CMakeLists.txt):
 
-  aot.py list                         variant ids and their kernel sources, one per line
+  aot.py list                         variant ids and the repository files their lowering imports
   aot.py lower ID... --out DIR --arch A
                                       lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json
   aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json (build facts, op
@@ -17,6 +17,8 @@ needs is read from the lowered IR here (../shared/notes/tilelang_aot.md), never 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -47,33 +49,102 @@ def variants_by_id(ops: str = ""):
     return {v.id: v for v in variants}
 
 
-def kernel_sources(source: str) -> list[str]:
-    """`source` and every kernels_tl module it imports, transitively (read from the code, not
-    imported): what a variant's lowering depends on, so that CMake re-lowers when one changes."""
-    import ast
+# Top-level packages of the repository and the directory each lives under (sys.path above).
+REPO_PACKAGES = {"tilebake": ROOT / "src", "kernels_tl": ROOT}
 
-    seen, todo = [], [source]
+
+def module_file(name: str) -> Path | None:
+    """The repository file of module `name` (a package: its __init__.py); None outside the
+    repository (tilelang, torch, the standard library) or where no such file exists."""
+    base = REPO_PACKAGES.get(name.split(".")[0])
+    if base is None:
+        return None
+    path = base.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a repository file (inverse of module_file)."""
+    rel = path.relative_to(ROOT / "src" if path.is_relative_to(ROOT / "src") else ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def import_nodes(tree: ast.AST, into_functions: bool):
+    """The import statements of `tree`, those inside function bodies only if `into_functions`."""
+    todo = [tree]
     while todo:
-        path = todo.pop()
-        if path in seen or not (ROOT / path).exists():
-            continue
-        seen.append(path)
-        for node in ast.walk(ast.parse((ROOT / path).read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:  # `from a.b import c`: a/b.py or a/b/c.py
-                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            todo += [name.replace(".", "/") + ".py" for name in names if name.startswith("kernels_tl.")]
-    return seen
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif into_functions or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += ast.iter_child_nodes(node)
+
+
+@functools.cache
+def imported_files(path: Path) -> tuple[Path, ...]:
+    """The repository files that importing `path` runs at lowering time: the modules its import
+    statements name, the packages above each (their __init__.py runs first), and the names of
+    `from pkg import name` that are submodules. In kernels_tl/ (build-time code, whose factories
+    run when lowering) every import statement counts; in src/tilebake/ only those run on import,
+    not those inside functions (the ops' lazy imports of the CPU references, which lowering never
+    calls). Read from the code with `ast`, never imported (tilelang and torch take seconds)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    names = []
+    for node in import_nodes(tree, into_functions=package.split(".")[0] == "kernels_tl"):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # `from .x import y`: relative to this file's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return tuple(dict.fromkeys(file for name in names for file in package_files(name)))
+
+
+def package_files(name: str) -> list[Path]:
+    """The repository files that `import name` runs: `import a.b.c` runs a, a.b, then a.b.c."""
+    parts = name.split(".")
+    return [f for f in (module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1)) if f is not None]
+
+
+def kernel_sources(v) -> list[str]:
+    """What lowering variant `v` reads from the repository, as paths relative to it: its kernel
+    source first, then, sorted, every repository module (kernels_tl/, src/tilebake/) that the
+    source or the variant's declaration imports, transitively. CMake re-lowers the op when one
+    changes, and the manifest's per-kernel source_sha256 covers the same files."""
+    source = ROOT / "kernels_tl" / v.family / f"{v.op}.py"
+    todo = [*package_files(f"kernels_tl.{v.family}.{v.op}"), *package_files(type(v).__module__)]
+    seen = set(todo)
+    while todo:
+        for file in imported_files(todo.pop()):
+            if file not in seen:
+                seen.add(file)
+                todo.append(file)
+    rest = sorted(str(p.relative_to(ROOT)) for p in seen - {source})
+    return [str(source.relative_to(ROOT)), *rest]
+
+
+def sources_sha256(paths) -> str:
+    """sha256 over the (repository-relative) paths and their bytes."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(path.encode() + b"\0")
+        h.update(hashlib.sha256((ROOT / path).read_bytes()).digest())
+    return h.hexdigest()
 
 
 def cmd_list(args):
     sources = {}
     for vid, v in variants_by_id(args.ops).items():
-        source = f"kernels_tl/{v.family}/{v.op}.py"
-        if source not in sources:
-            sources[source] = ",".join(kernel_sources(source))
-        print(f"{vid}|{sources[source]}")
+        if v.op not in sources:
+            sources[v.op] = ",".join(kernel_sources(v))
+        print(f"{vid}|{sources[v.op]}")
 
 
 def check_launch_expr(text: str, names: set[str]) -> str:
@@ -148,8 +219,14 @@ def cmd_lower(args):
             raise SystemExit(f"aot: unknown variant {vid!r}; `aot.py list` prints them")
     start = time.time()
     for vid in args.ids:
+        # The hash of what this lowering reads, taken before it: an edit during the build then
+        # shows as a stale kernel in `manifest`, which compares it with the sources' hash then.
+        digest = sources_sha256(kernel_sources(known[vid]))
         for arch in args.arch:
             lower_one(known[vid], arch, Path(args.out))
+            meta_path = Path(args.out) / arch / f"{vid}.json"
+            meta = json.loads(meta_path.read_text())
+            meta_path.write_text(json.dumps({**meta, "source_sha256": digest}, indent=1) + "\n")
     print(f"aot: lowered {len(args.ids)} variant(s) for {', '.join(args.arch)} in {time.time() - start:.1f}s")
 
 
@@ -179,10 +256,18 @@ def cmd_manifest(args):
 
     tilelang_dir = os.path.dirname(importlib.util.find_spec("tilelang").origin)
     out = Path(args.out)
-    kernels = {}
-    for vid in variants_by_id(args.ops):
+    kernels, digests = {}, {}
+    for vid, v in variants_by_id(args.ops).items():
+        if v.op not in digests:
+            digests[v.op] = sources_sha256(kernel_sources(v))
         for arch in args.arch:
             meta = json.loads((out / arch / f"{vid}.json").read_text())
+            if meta.get("source_sha256") != digests[v.op]:  # never ship a kernel of older sources
+                raise SystemExit(
+                    f"aot: {arch}/{vid} was lowered from other sources than the repository's now (a file "
+                    f"`aot.py list --ops {v.op}` names changed during the build, or CMake missed it): "
+                    f"remove {out / arch / vid}.json and build again"
+                )
             cubin = out / arch / f"{vid}.cubin"
             meta["binary"] = f"{arch}/{cubin.name}"
             meta["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()

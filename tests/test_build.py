@@ -43,6 +43,7 @@ def test_each_op_manifest_file_holds_exactly_that_op(manifest):
 
 
 def test_every_variant_has_every_arch_with_intact_binaries(manifest):
+    op_digest = {}
     for vid, per_arch in manifest["kernels"].items():
         assert set(per_arch) == set(ARCHS), vid
         for arch, entry in per_arch.items():
@@ -51,6 +52,9 @@ def test_every_variant_has_every_arch_with_intact_binaries(manifest):
             assert hashlib.sha256(image).hexdigest() == entry["sha256"], entry["binary"]
             assert entry["arch"] == arch and entry["backend"] == "cuda"
             assert entry["entry"].endswith("_kernel"), entry["entry"]
+            # The hash of its op's sources (`aot.py list`): one per op, whatever the variant or arch.
+            assert len(entry["source_sha256"]) == 64, vid
+            assert op_digest.setdefault(entry["op"], entry["source_sha256"]) == entry["source_sha256"], vid
 
 
 def test_launch_metadata_is_complete(manifest):
