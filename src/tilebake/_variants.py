@@ -5,18 +5,58 @@ Each op declares a frozen dataclass whose fields are its compile-time key and wh
 runtime looks a call's key up in the manifest by `id`, and a test checks that the
 built manifest holds exactly `all()`. Runtime sizes, strides and scalars are never
 fields here: they are kernel arguments.
+
+Each variant also declares its kernel's parameters (`PARAMS`, or `params()` where they depend
+on the fields): names and dtypes in the order the op passes them. The build fails when the
+lowered kernel's parameters differ from them (build_tools/aot.py check_params); the runtime
+reads them for the launch order (loader.Kernel) and the tests for what a kernel takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
+
+# Lowered-IR parameter dtypes (a pointer is a "handle") -> the native launcher's signature letters.
+PARAM_DTYPES = {"handle": "p", "int32": "i", "int64": "l", "float32": "f"}
+
+
+class Param(NamedTuple):
+    name: str
+    dtype: str  # a key of PARAM_DTYPES, as the lowered IR spells it
+
+
+def ptr(*names: str) -> tuple[Param, ...]:
+    """Device pointers (a tensor's data_ptr(), or 0 where the kernel does not read it)."""
+    return tuple(Param(n, "handle") for n in names)
+
+
+def i32(*names: str) -> tuple[Param, ...]:
+    return tuple(Param(n, "int32") for n in names)
+
+
+def i64(*names: str) -> tuple[Param, ...]:
+    return tuple(Param(n, "int64") for n in names)
+
+
+def f32(*names: str) -> tuple[Param, ...]:
+    return tuple(Param(n, "float32") for n in names)
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
     family: ClassVar[str]  # kernels_tl/<family>/<op>.py holds the TileLang factory
     op: ClassVar[str]
+    PARAMS: ClassVar[tuple[Param, ...]]  # or override params()
+
+    def params(self) -> tuple[Param, ...]:
+        """The kernel's parameters in the order the op passes them (the lowering may order
+        them otherwise: the loader maps by name)."""
+        return self.PARAMS
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params())
 
     @property
     def id(self) -> str:

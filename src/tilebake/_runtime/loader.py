@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from tilebake._variants import PARAM_DTYPES
 from tilebake.errors import CorruptArtifactError, KernelsNotInstalledError, NoBinaryForDeviceError, VariantNotBuiltError
 
 MANIFEST_VERSION = 1
@@ -156,13 +157,15 @@ def _compile_grid(exprs: list[str], arg_names: tuple[str, ...], where: str):
 class Kernel:
     """One compile-time variant of one op, loadable on any device the kernel package covers.
 
-    `arg_names` is the order in which the op passes arguments; the manifest gives the
-    order the compiled kernel takes them in, which the lowering is free to change.
+    The variant's declared parameters (`variant.params()`) give the order in which the op passes
+    arguments; the manifest gives the order the compiled kernel takes them in, which the
+    lowering is free to change (it sorts them).
     """
 
-    def __init__(self, variant, arg_names: tuple[str, ...]):
+    def __init__(self, variant):
         self.variant = variant
-        self.arg_names = arg_names
+        self.params = variant.params()
+        self.arg_names = tuple(p.name for p in self.params)
         built = op_kernels(variant.op)
         entries = built.get(variant.id)
         if entries is None:
@@ -198,9 +201,12 @@ class Kernel:
                 f"kernel binary {path} does not match the sha256 in the manifest; reinstall {CUDA_KERNELS_PACKAGE}"
             )
         params = [p["name"] for p in entry["params"]]
-        if sorted(params) != sorted(self.arg_names):
+        declared = {p.name: PARAM_DTYPES[p.dtype] for p in self.params}
+        if {p["name"]: p["kind"] for p in entry["params"]} != declared or len(params) != len(declared):
             raise CorruptArtifactError(
-                f"{self.variant.id} for {arch} takes parameters {params}; the runtime passes {list(self.arg_names)}"
+                f"{self.variant.id} for {arch} takes parameters "
+                f"{[p['name'] + ':' + p['kind'] for p in entry['params']]}; the runtime passes "
+                f"{[n + ':' + k for n, k in declared.items()]} (its declaration)"
             )
         grid = _compile_grid(entry["grid"], self.arg_names, f"manifest entry {self.variant.id} for {arch}")
         block = tuple(int(b) for b in entry["block"])
@@ -225,13 +231,12 @@ class Kernel:
 
 class KernelTable(dict):
     """An op's kernels by compile-time key (a tuple of the variant's fields), built on first
-    use. A dict, so the per-call lookup `table[key]` is a plain C-level dict lookup."""
+    use; each takes the parameters its variant declares. A dict, so the per-call lookup `table[key]` is a plain C-level dict lookup."""
 
-    def __init__(self, variant_type, arg_names: tuple[str, ...]):
+    def __init__(self, variant_type):
         super().__init__()
         self.variant_type = variant_type
-        self.arg_names = arg_names
 
     def __missing__(self, key: tuple) -> Kernel:
-        kernel = self[key] = Kernel(self.variant_type(*key), self.arg_names)
+        kernel = self[key] = Kernel(self.variant_type(*key))
         return kernel
