@@ -32,8 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 MANIFEST_VERSION = 1
-# Lowered-IR parameter dtypes -> the launcher's signature letters.
-PARAM_KINDS = {"handle": "p", "int32": "i", "int64": "l", "float32": "f"}
 LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
@@ -158,6 +156,37 @@ def check_launch_expr(text: str, names: set[str]) -> str:
     return text
 
 
+def check_params(v, params: list[dict]) -> None:
+    """The lowered kernel's parameters (`params`, the manifest's {"name", "kind"} in the kernel's
+    order) must be exactly those `v` declares (Variant.params(): names and dtypes; the declared
+    order is the op's calling order, mapped to the kernel's by name). Any difference fails the build."""
+    from tilebake._variants import PARAM_DTYPES
+
+    declared = v.params()
+    names = [p.name for p in declared]
+    problems = [f"declares {n!r} twice" for n in sorted({n for n in names if names.count(n) > 1})]
+    problems += [f"declares {p.name!r} with dtype {p.dtype!r}; known: {sorted(PARAM_DTYPES)}"
+                 for p in declared if p.dtype not in PARAM_DTYPES]  # fmt: skip
+    kinds = {p.name: PARAM_DTYPES.get(p.dtype) for p in declared}
+    lowered = {p["name"]: p["kind"] for p in params}
+    dtype_of = {k: d for d, k in PARAM_DTYPES.items()}  # launcher letter -> IR dtype
+    problems += [f"the kernel has no parameter {n!r} (unused, or named otherwise?)" for n in kinds if n not in lowered]
+    problems += [
+        f"the kernel takes {n!r} ({dtype_of[k]}), which is not declared" for n, k in lowered.items() if n not in kinds
+    ]
+    problems += [
+        f"{n!r} is declared {dtype_of.get(kinds[n], kinds[n])}, the kernel takes {dtype_of[k]}"
+        for n, k in lowered.items()
+        if n in kinds and kinds[n] is not None and kinds[n] != k
+    ]
+    if problems:
+        raise SystemExit(
+            f"aot: {v.id}: the lowered kernel's parameters differ from {type(v).__name__}.params():\n  "
+            + "\n  ".join(problems)
+            + f"\n  kernel: {', '.join(p['name'] + ':' + dtype_of[p['kind']] for p in params)}"
+        )
+
+
 def lower_one(v, arch: str, out_dir: Path, build_kwargs=None, stem=None):
     """Lower `v` for `arch` into out_dir/arch/<stem or v.id>.{cu,json} (build_kwargs: tuning only)."""
     import importlib
@@ -178,12 +207,15 @@ def lower_one(v, arch: str, out_dir: Path, build_kwargs=None, stem=None):
     host = str(artifact.host_mod)
     if "tensormap" in host:
         raise SystemExit(f"aot: {v.id} uses TMA descriptors, which the launcher does not encode yet")
+    from tilebake._variants import PARAM_DTYPES
+
     params = []
     for p in func.params:
         dtype = str(p.dtype)
-        if dtype not in PARAM_KINDS:
-            raise SystemExit(f"aot: {v.id} parameter {p.name} has dtype {dtype}; supported: {sorted(PARAM_KINDS)}")
-        params.append({"name": p.name, "kind": PARAM_KINDS[dtype]})
+        if dtype not in PARAM_DTYPES:
+            raise SystemExit(f"aot: {v.id} parameter {p.name} has dtype {dtype}; supported: {sorted(PARAM_DTYPES)}")
+        params.append({"name": p.name, "kind": PARAM_DTYPES[dtype]})
+    check_params(v, params)
     names = {p["name"] for p in params}
     extents = func.attrs["thread_extent"]
     launch = [check_launch_expr(str(extents[a]) if a in extents else "1", names) for a in LAUNCH_AXES]

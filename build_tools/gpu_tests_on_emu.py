@@ -37,22 +37,14 @@ def _on_cpu(fn):
     return wrapped
 
 
-def emulated_kernel(variant, out_dir: Path, arg_names):
+def emulated_kernel(variant, out_dir: Path):
     """`variant` lowered for sm_90a into out_dir and compiled by block_emu: a stand-in for the
     loader's Kernel (called with the op's arguments, CPU tensors' pointers)."""
     from build_tools import aot, block_emu
 
     aot.lower_one(variant, "sm_90a", out_dir)
     cu = out_dir / "sm_90a" / f"{variant.id}.cu"
-    return block_emu.EmulatedKernel(str(cu), str(out_dir / f"{variant.id}.so"), arg_names)
-
-
-def _takes(table, v) -> bool:
-    """A table of an op whose tables are split by runtime flags (a dict of KernelTables): the one
-    whose argument names the variant's lowered kernel has (checked at lowering); else any."""
-    if hasattr(v, "has_weight"):  # the norm ops: one table per (weight, residual)
-        return table.arg_names.count("W") == v.has_weight and table.arg_names.count("R") == v.has_residual
-    return True
+    return block_emu.EmulatedKernel(str(cu), str(out_dir / f"{variant.id}.so"), variant.arg_names)
 
 
 def install(ops: list[str], out_dir: Path) -> int:
@@ -65,14 +57,11 @@ def install(ops: list[str], out_dir: Path) -> int:
         if v.op not in ops:
             continue
         module = importlib.import_module(type(v).__module__)
-        candidates = [t for t in vars(module).values() if isinstance(t, KernelTable)]
-        candidates += [t for d in vars(module).values() if isinstance(d, dict) for t in d.values() if isinstance(t, KernelTable)]
-        key = tuple(getattr(v, f.name) for f in dataclasses.fields(v))
-        tables = [t for t in candidates if t.variant_type is type(v) and _takes(t, v)]
+        tables = [t for t in vars(module).values() if isinstance(t, KernelTable) and t.variant_type is type(v)]
         if len(tables) != 1:
             raise SystemExit(f"{module.__name__}: expected one KernelTable of {type(v).__name__}, found {len(tables)}")
         key = tuple(getattr(v, f.name) for f in dataclasses.fields(v))
-        tables[0][key] = emulated_kernel(v, out_dir, tables[0].arg_names)
+        tables[0][key] = emulated_kernel(v, out_dir)
         count += 1
     missing = set(ops) - {v.op for v in all_variants()}
     if missing:

@@ -110,39 +110,29 @@ def test_launcher_links_neither_libtorch_nor_libcuda():
 
 
 def _kernel_tables():
-    """Every KernelTable the ops launch through (module globals, or dicts of them)."""
+    """Every KernelTable the ops launch through (module globals)."""
     import importlib
     import pkgutil
 
-    tables = []
     modules = [
         f"{package}.{info.name}"
         for package in ("tilebake.quant", "tilebake.moe", "tilebake.transform")
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
     ]
-    for name in modules:
-        module = importlib.import_module(name)
-        for value in vars(module).values():
-            # A KernelTable is itself a dict (of loaded kernels): test for it first.
-            candidates = (
-                [value]
-                if isinstance(value, loader.KernelTable)
-                else (value.values() if isinstance(value, dict) else [])
-            )
-            tables += [t for t in candidates if isinstance(t, loader.KernelTable)]
-    return tables
+    return [
+        v for name in modules for v in vars(importlib.import_module(name)).values() if isinstance(v, loader.KernelTable)
+    ]
 
 
-def test_every_kernel_takes_the_parameters_an_op_passes(manifest):
-    """What the loader checks at a variant's first GPU launch, checked here for every built
-    kernel: its parameters (TileLang drops unused ones) are exactly the argument names of one of
-    the launch tables of its op."""
-    names_by_op = {}
-    for table in _kernel_tables():
-        names_by_op.setdefault(table.variant_type.op, []).append(sorted(table.arg_names))
-    for vid, per_arch in manifest["kernels"].items():
-        op = vid.split(".")[0]
-        assert op in names_by_op, f"{op} has no KernelTable"
-        for arch, entry in per_arch.items():
-            params = sorted(p["name"] for p in entry["params"])
-            assert params in names_by_op[op], (vid, arch, params)
+def test_every_kernel_takes_its_declared_parameters(manifest):
+    """What the build checks at lowering and the loader at a variant's first GPU launch, checked
+    here for every built kernel: its parameters (TileLang drops unused ones) are exactly the names
+    and dtypes its variant declares (Variant.params()), and each op launches through a KernelTable."""
+    from tilebake._variants import PARAM_DTYPES
+
+    tables = {t.variant_type for t in _kernel_tables()}
+    for v in all_variants():
+        assert type(v) in tables, f"{type(v).__name__} has no KernelTable"
+        declared = sorted((p.name, PARAM_DTYPES[p.dtype]) for p in v.params())
+        for arch, entry in manifest["kernels"].get(v.id, {}).items():
+            assert sorted((p["name"], p["kind"]) for p in entry["params"]) == declared, (v.id, arch)

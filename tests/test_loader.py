@@ -1,17 +1,29 @@
 """The loader's choices and errors, checked without a GPU: arch selection, an arch with no
 binary, a corrupt binary, a variant that is not built, and the native module's contract."""
 
+import dataclasses
 import shutil
 
 import pytest
 import torch
 
 from tilebake._runtime import loader
+from tilebake._variants import Param
 from tilebake.errors import CorruptArtifactError, NoBinaryForDeviceError, VariantNotBuiltError
 from tilebake.quant.per_token_cast import PerTokenCastVariant
 
-ARGS = ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")
 VARIANT = PerTokenCastVariant("bf16", "e4m3", 128, "fp32")
+ARGS = VARIANT.arg_names  # its declaration (PerTokenCastVariant.params)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Misdeclared(PerTokenCastVariant):
+    """The same variant (same id, so the same manifest entry) declaring other parameters."""
+
+    def params(self):
+        if self.sf_mode == "fp32":  # the last name wrong
+            return super().params()[:-1] + (Param("bogus", "int32"),)
+        return tuple(Param(p.name, "float32") if p.name == "hidden" else p for p in super().params())  # a dtype wrong
 
 
 def test_arch_of_compute_capability():
@@ -35,7 +47,7 @@ def fake_device(monkeypatch):
 def test_device_without_binary_names_both_archs(fake_device):
     fake_device("sm_120a")
     with pytest.raises(NoBinaryForDeviceError, match=r"cuda:0 \(Fake GPU\) is sm_120a; .* sm_100a, sm_90a"):
-        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+        loader.Kernel(VARIANT)(0, *range(len(ARGS)))
 
 
 def test_corrupt_binary_is_named(fake_device, monkeypatch, tmp_path):
@@ -48,10 +60,10 @@ def test_corrupt_binary_is_named(fake_device, monkeypatch, tmp_path):
     binary.write_bytes(bytes(data))
     monkeypatch.setattr(loader, "kernel_dir", lambda: kernels)
     with pytest.raises(CorruptArtifactError, match=f"{binary.name} does not match the sha256"):
-        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+        loader.Kernel(VARIANT)(0, *range(len(ARGS)))
     binary.unlink()
     with pytest.raises(CorruptArtifactError, match="unreadable"):
-        loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+        loader.Kernel(VARIANT)(0, *range(len(ARGS)))
 
 
 def _clear_manifest_caches():
@@ -83,18 +95,18 @@ def test_missing_or_corrupt_op_manifest(monkeypatch, tmp_path):
         op_file = kernels / "ops" / f"{VARIANT.op}.json"
         op_file.write_text("{not json")
         with pytest.raises(CorruptArtifactError, match=f"{op_file.name} is unreadable"):
-            loader.Kernel(VARIANT, ARGS)
+            loader.Kernel(VARIANT)
         _clear_manifest_caches()
         op_file.unlink()
         with pytest.raises(CorruptArtifactError, match=f"{op_file.name} is missing"):
-            loader.Kernel(VARIANT, ARGS)
+            loader.Kernel(VARIANT)
     finally:
         _clear_manifest_caches()
 
 
 def test_unbuilt_variant_lists_the_closest():
     with pytest.raises(VariantNotBuiltError) as info:
-        loader.Kernel(PerTokenCastVariant("fp16", "e4m3", 128, "fp32"), ARGS)
+        loader.Kernel(PerTokenCastVariant("fp16", "e4m3", 128, "fp32"))
     message = str(info.value)
     assert (
         "per_token_cast.in_dtype-fp16" in message
@@ -110,18 +122,20 @@ def test_closest_variants_come_from_the_wheel(monkeypatch):
     partial = {kept.id: {}}
     monkeypatch.setattr(loader, "op_kernels", lambda op: partial if op == wanted.op else {})
     with pytest.raises(VariantNotBuiltError) as info:
-        loader.Kernel(wanted, ARGS)
+        loader.Kernel(wanted)
     listed = str(info.value).split("closest built variants:")[1].split()
     assert listed == [kept.id]
     partial.clear()
     with pytest.raises(VariantNotBuiltError, match="nor any other per_token_cast variant"):
-        loader.Kernel(wanted, ARGS)
+        loader.Kernel(wanted)
 
 
 def test_parameter_mismatch_is_reported(fake_device):
     fake_device("sm_90a")
-    with pytest.raises(CorruptArtifactError, match="takes parameters"):
-        loader.Kernel(VARIANT, ARGS[:-1] + ("bogus",))(0, *range(len(ARGS)))
+    with pytest.raises(CorruptArtifactError, match="takes parameters .*'sf_stride_g:i'.*'bogus:i'"):
+        loader.Kernel(_Misdeclared(*dataclasses.astuple(VARIANT)))(0, *range(len(ARGS)))
+    with pytest.raises(CorruptArtifactError, match="takes parameters .*'hidden:i'.*'hidden:f'"):
+        loader.Kernel(_Misdeclared("bf16", "e4m3", 128, "round"))(0, *range(len(ARGS)))
 
 
 def test_native_launcher_imports_without_a_gpu():
@@ -151,7 +165,7 @@ def test_manifest_launch_expressions_are_checked_before_evaluation(fake_device, 
     _clear_manifest_caches()
     try:
         with pytest.raises(CorruptArtifactError, match="not integer arithmetic on parameters"):
-            loader.Kernel(VARIANT, ARGS)(0, *range(len(ARGS)))
+            loader.Kernel(VARIANT)(0, *range(len(ARGS)))
     finally:
         _clear_manifest_caches()
     assert loader.launch_expr_error("(num_tokens + 15) // 16 * ((hidden + 511) // 512)", ARGS) is None

@@ -59,7 +59,7 @@ def fresh_loader_caches():
 def test_missing_kernel_package_says_what_to_install(monkeypatch, fresh_loader_caches):
     monkeypatch.setitem(sys.modules, loader.CUDA_KERNELS_MODULE, None)  # import fails as if not installed
     with pytest.raises(KernelsNotInstalledError, match=r"pip install tilebake-cuda==0\.1\.0 \(or tilebake\[cuda\]\)"):
-        loader.Kernel(PerTokenCastVariant("bf16", "e4m3", 128, "fp32"), ("X",))
+        loader.Kernel(PerTokenCastVariant("bf16", "e4m3", 128, "fp32"))
     # CPU tensors need no kernels: the reference path still works.
     x = torch.randn(3, 128).to(torch.bfloat16)
     data, sf = tilebake.quant.per_token_cast(x, "e4m3", 128)

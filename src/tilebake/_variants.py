@@ -47,12 +47,16 @@ def f32(*names: str) -> tuple[Param, ...]:
 class Variant:
     family: ClassVar[str]  # kernels_tl/<family>/<op>.py holds the TileLang factory
     op: ClassVar[str]
-    PARAMS: ClassVar[tuple[Param, ...]]  # or override params()
+    # PARAMS = (Param, ...), or params() overridden. Not annotated: an annotated class attribute
+    # is in __dataclass_fields__, which the manifest's "key" lists.
 
     def params(self) -> tuple[Param, ...]:
         """The kernel's parameters in the order the op passes them (the lowering may order
         them otherwise: the loader maps by name)."""
-        return self.PARAMS
+        try:
+            return type(self).PARAMS
+        except AttributeError:
+            raise NotImplementedError(f"{type(self).__name__} must declare PARAMS or params()") from None
 
     @property
     def arg_names(self) -> tuple[str, ...]:

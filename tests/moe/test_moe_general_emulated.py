@@ -50,7 +50,7 @@ def emulate(tmp_path_factory):
         if key not in table:
             aot.lower_one(variant, "sm_90a", out)
             cu = out / "sm_90a" / f"{variant.id}.cu"
-            table[key] = block_emu.EmulatedKernel(str(cu), str(out / f"{variant.id}.so"), table.arg_names)
+            table[key] = block_emu.EmulatedKernel(str(cu), str(out / f"{variant.id}.so"), variant.arg_names)
             added.append((table, key))
         return table[key]
 
@@ -108,8 +108,7 @@ def test_moe_topk_gate_backward(emulate, num_experts, k, func, num_seqs, duplica
 @pytest.fixture(scope="module")
 def mapping(emulate):
     for v in mapping_op.GetFusedMappingVariant.all():
-        table = {"count": mapping_op._COUNT, "scan": mapping_op._SCAN, "scatter": mapping_op._SCATTER}
-        emulate(table[v.stage.split("_")[0]], v)
+        emulate(mapping_op._KERNELS, v)
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,7 @@ class _LazyTable(dict):
         meta = json.loads((self.out / "sm_90a" / f"{v.id}.json").read_text())
         so = str(self.out / f"{v.id}.so")
         warp_emu.build(str(self.out / "sm_90a" / f"{v.id}.cu"), so, int(meta["block"][0]))
-        self[key] = _EmulatedKernel(so, op._KERNELS.arg_names, meta["grid"][0])
+        self[key] = _EmulatedKernel(so, v.arg_names, meta["grid"][0])
         return self[key]
 
 

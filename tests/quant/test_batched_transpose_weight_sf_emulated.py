@@ -30,7 +30,7 @@ def kernels(tmp_path_factory):
     from build_tools.gpu_tests_on_emu import emulated_kernel
 
     v = op.BatchedTransposeWeightSfVariant("fp32")
-    return {(v.in_dtype,): emulated_kernel(v, tmp_path_factory.mktemp("emu"), op._KERNELS.arg_names)}
+    return {(v.in_dtype,): emulated_kernel(v, tmp_path_factory.mktemp("emu"))}
 
 
 @pytest.mark.parametrize("bs", [32, 128])

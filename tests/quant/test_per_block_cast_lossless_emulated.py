@@ -31,7 +31,7 @@ def kernels(tmp_path_factory):
     from build_tools.gpu_tests_on_emu import emulated_kernel
 
     v = op.PerBlockCastLosslessVariant("e4m3")
-    return {(v.out_fmt,): emulated_kernel(v, tmp_path_factory.mktemp("emu"), op._KERNELS.arg_names)}
+    return {(v.out_fmt,): emulated_kernel(v, tmp_path_factory.mktemp("emu"))}
 
 
 def emulated(kernels, x, inb, outb, packed, col, y=None):

@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import alloc_fused_sf, check_positions, check_quant_input
 from tilebake.utils import ceil_div
 
@@ -31,11 +31,17 @@ class ExpandToFusedVariant(Variant):
     def all(cls):
         return (cls(False), cls(True))
 
+    def params(self):
+        return _PARAMS + (_SF_PARAMS if self.with_sf else ())
 
-_ARGS = ("X", "Y", "P", "E", "grid_rows", "num_tokens", "num_expanded", "num_topk", "row_words", "x_stride", "y_stride")
-_KERNELS = KernelTable(ExpandToFusedVariant, _ARGS)
-_SF_ARGS = ("XS", "YS", "sf_cols", "xs_stride_t", "xs_stride_c", "ys_stride_t", "ys_stride_c")
-_SF_KERNELS = KernelTable(ExpandToFusedVariant, _ARGS + _SF_ARGS)
+
+_PARAMS = ptr("X", "Y", "P", "E") + i32(
+    "grid_rows", "num_tokens", "num_expanded", "num_topk", "row_words", "x_stride", "y_stride"
+)
+_SF_PARAMS = ptr("XS", "YS") + i32("sf_cols", "xs_stride_t", "xs_stride_c", "ys_stride_t", "ys_stride_c")
+
+
+_KERNELS = KernelTable(ExpandToFusedVariant)
 
 
 def _check_data(x: torch.Tensor, name: str) -> int:
@@ -69,9 +75,9 @@ def _launch_rows(x, out, token_topk_to_pos, pos_to_expert, sf=None, out_sf=None)
     num_tokens, num_expanded = x.shape[0], out.shape[0]
     if max(num_tokens, num_expanded) == 0:
         return
-    for ptr, name in ((x.data_ptr(), "x"), (out.data_ptr(), "out")):
-        if ptr % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address, got {ptr:#x}")
+    for address, name in ((x.data_ptr(), "x"), (out.data_ptr(), "out")):
+        if address % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address, got {address:#x}")
     row_words = x.shape[1] * x.element_size() // 4
     if row_words == 0:  # no columns: nothing to move (and no SF columns either)
         return
@@ -87,7 +93,7 @@ def _launch_rows(x, out, token_topk_to_pos, pos_to_expert, sf=None, out_sf=None)
     if sf is None:
         _KERNELS[False,](x.get_device(), *args)
         return
-    _SF_KERNELS[True,](
+    _KERNELS[True,](
         x.get_device(), *args, sf.data_ptr(), out_sf.data_ptr(), sf.shape[1],
         sf.stride(0), sf.stride(1), out_sf.stride(0), out_sf.stride(1),
     )  # fmt: skip

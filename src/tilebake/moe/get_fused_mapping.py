@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import check_mapping_args, mapping_result, mapping_size
 from tilebake.utils import ceil_div
 
@@ -43,19 +43,23 @@ class GetFusedMappingVariant(Variant):
     def all(cls):
         return tuple(cls(s) for s in ("count", "scan", "scatter", "count_wide", "scatter_wide"))
 
+    def params(self):
+        return _STAGE_PARAMS[self.stage.split("_")[0]]
 
-_COUNT = KernelTable(
-    GetFusedMappingVariant,
-    ("topk_idx", "counts", "pos_to_expert", "pos_to_token", "pos_to_token_topk", "seg_steps",
-     "numel", "num_experts", "num_segments", "num_expanded"),
-)  # fmt: skip
-_SCAN = KernelTable(GetFusedMappingVariant, ("counts", "offsets", "totals", "num_experts", "num_segments"))
-_SCATTER = KernelTable(
-    GetFusedMappingVariant,
-    ("topk_idx", "offsets", "totals", "pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos",
-     "expert_start", "expert_end", "num_tokens_per_expert", "num_topk", "alignment", "seg_steps",
-     "numel", "num_experts", "num_segments", "num_expanded"),
-)  # fmt: skip
+
+_STAGE_PARAMS = {
+    "count": ptr("topk_idx", "counts", "pos_to_expert", "pos_to_token", "pos_to_token_topk")
+    + i32("seg_steps", "numel", "num_experts", "num_segments", "num_expanded"),
+    "scan": ptr("counts", "offsets", "totals") + i32("num_experts", "num_segments"),
+    "scatter": ptr(
+        "topk_idx", "offsets", "totals", "pos_to_expert", "pos_to_token", "pos_to_token_topk", "token_topk_to_pos",
+        "expert_start", "expert_end", "num_tokens_per_expert",
+    )
+    + i32("num_topk", "alignment", "seg_steps", "numel", "num_experts", "num_segments", "num_expanded"),
+}  # fmt: skip
+
+
+_KERNELS = KernelTable(GetFusedMappingVariant)
 
 
 def segment_steps(numel: int, num_experts: int) -> int:
@@ -145,12 +149,12 @@ def _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync
         counts, offsets, totals = work[:num_segments], work[num_segments : 2 * num_segments], work[-1]
         idx, p2e = topk_idx.data_ptr(), pos_to_expert.data_ptr()
         p2t, p2tt = pos_to_token.data_ptr(), pos_to_token_topk.data_ptr()
-        _COUNT["count" + wide,](
+        _KERNELS["count" + wide,](
             device, idx, counts.data_ptr(), p2e, p2t, p2tt, steps, numel, num_experts, num_segments,
             num_expanded_tokens,
         )  # fmt: skip
-        _SCAN["scan",](device, counts.data_ptr(), offsets.data_ptr(), totals.data_ptr(), num_experts, num_segments)
-        _SCATTER["scatter" + wide,](
+        _KERNELS["scan",](device, counts.data_ptr(), offsets.data_ptr(), totals.data_ptr(), num_experts, num_segments)
+        _KERNELS["scatter" + wide,](
             device, idx, offsets.data_ptr(), totals.data_ptr(), p2e, p2t, p2tt, token_topk_to_pos.data_ptr(),
             expert_start.data_ptr(), expert_end.data_ptr(), num_tokens_per_expert.data_ptr(), num_topk, alignment,
             steps, numel, num_experts, num_segments, num_expanded_tokens,

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_scores
 
 # Experts a row may have, by variant. Up to 1024 (the fast variants) a token's warp holds the row,
@@ -29,6 +29,14 @@ SCORING_CODES = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
 class MoeTopkGateBackwardVariant(Variant):
     family = "moe"
     op = "moe_topk_gate_backward"
+    PARAMS = (
+        ptr("U", "IDX", "TW", "G", "MASK", "H", "DX")
+        + f32("routed_scaling_factor")
+        + i32(
+            "scoring", "has_mask", "has_aux", "tokens_per_seq", "num_tokens", "num_experts", "num_topk", "num_seqs",
+            "scores_stride", "idx_stride", "w_stride", "g_stride", "h_stride", "out_stride"
+        )
+    )  # fmt: skip
 
     max_experts: int  # the bucket: the smallest of MAX_EXPERTS >= num_experts runs
 
@@ -37,10 +45,7 @@ class MoeTopkGateBackwardVariant(Variant):
         return tuple(cls(m) for m in MAX_EXPERTS)
 
 
-_ARGS = ("U", "IDX", "TW", "G", "MASK", "H", "DX", "routed_scaling_factor", "scoring", "has_mask", "has_aux",
-         "tokens_per_seq", "num_tokens", "num_experts", "num_topk", "num_seqs", "scores_stride", "idx_stride",
-         "w_stride", "g_stride", "h_stride", "out_stride")  # fmt: skip
-_KERNELS = KernelTable(MoeTopkGateBackwardVariant, _ARGS)
+_KERNELS = KernelTable(MoeTopkGateBackwardVariant)
 
 
 def _check_rows(t, name: str, shape: tuple[int, int], dtype: torch.dtype, like: torch.Tensor) -> None:

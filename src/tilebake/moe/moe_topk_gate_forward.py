@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 
 __all__ = ["moe_topk_gate", "moe_topk_gate_forward"]
 
@@ -35,6 +35,18 @@ FAST_MAX_EXPERTS = 512
 class MoeTopkGateForwardVariant(Variant):
     family = "moe"
     op = "moe_topk_gate_forward"
+    PARAMS = (
+        ptr(
+            "L", "Bias", "ImageBias", "Mask", "ImageMask", "FixMask", "Random", "Map", "Count", "Unmapped", "OutIdx",
+            "OutW", "Scores"
+        )
+        + i32("flags")
+        + f32("scaling")
+        + i32(
+            "ep_rank", "num_groups", "num_topk_groups", "num_tokens", "num_experts", "num_topk", "width", "dup",
+            "l_stride", "s_stride", "u_stride", "map_stride"
+        )
+    )  # fmt: skip
 
     scoring_func: str  # 'sqrtsoftplus' | 'softmax' | 'sigmoid'; every option is a runtime argument
     max_experts: int  # EXPERT_BOUNDS: the kernel for num_experts <= max_experts (the smallest that fits)
@@ -51,12 +63,7 @@ def expert_bound(num_experts: int) -> int:
     return 512 if num_experts <= 512 else 8192
 
 
-_KERNELS = KernelTable(
-    MoeTopkGateForwardVariant,
-    ("L", "Bias", "ImageBias", "Mask", "ImageMask", "FixMask", "Random", "Map", "Count", "Unmapped", "OutIdx", "OutW",
-     "Scores", "flags", "scaling", "ep_rank", "num_groups", "num_topk_groups", "num_tokens", "num_experts", "num_topk",
-     "width", "dup", "l_stride", "s_stride", "u_stride", "map_stride"),
-)  # fmt: skip
+_KERNELS = KernelTable(MoeTopkGateForwardVariant)
 
 
 def moe_topk_gate_forward(

@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
 
 
@@ -20,6 +20,7 @@ from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
 class NormalizeWeightVariant(Variant):
     family = "moe"
     op = "normalize_weight"
+    PARAMS = ptr("W", "D", "N") + i32("num_tokens", "num_topk", "w_stride")
 
     dtype: str  # 'fp32' (the only one: a field so the id names it)
 
@@ -28,7 +29,7 @@ class NormalizeWeightVariant(Variant):
         return (cls("fp32"),)
 
 
-_KERNELS = KernelTable(NormalizeWeightVariant, ("W", "D", "N", "num_tokens", "num_topk", "w_stride"))
+_KERNELS = KernelTable(NormalizeWeightVariant)
 
 
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import check_reduce_args
 
 
@@ -21,6 +21,13 @@ from tilebake.moe._common import check_reduce_args
 class ReduceFusedVariant(Variant):
     family = "moe"
     op = "reduce_fused"
+    PARAMS = (
+        ptr("X", "W", "P", "XSF", "SF", "Y")
+        + i32(
+            "has_weights", "has_x_sf", "has_sf", "num_tokens", "num_expanded", "num_topk", "hidden", "x_stride",
+            "y_stride"
+        )
+    )  # fmt: skip
 
     in_dtype: str  # 'bf16' | 'fp32' (the fused rows)
     out_dtype: str  # in_dtype, or 'e4m3' (fp8_format='e4m3')
@@ -31,11 +38,7 @@ class ReduceFusedVariant(Variant):
 
 
 _NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float8_e4m3fn: "e4m3"}
-_KERNELS = KernelTable(
-    ReduceFusedVariant,
-    ("X", "W", "P", "XSF", "SF", "Y", "has_weights", "has_x_sf", "has_sf",
-     "num_tokens", "num_expanded", "num_topk", "hidden", "x_stride", "y_stride"),
-)  # fmt: skip
+_KERNELS = KernelTable(ReduceFusedVariant)
 
 
 def reduce_fused(

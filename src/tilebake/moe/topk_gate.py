@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 
 MAX_TOPK = 32
 # Experts a row may have, by variant. Up to 1024 (the fast variants) a token's warp holds the row,
@@ -26,6 +26,7 @@ BLOCK_THREADS = 256
 class TopkGateVariant(Variant):
     family = "moe"
     op = "topk_gate"
+    PARAMS = ptr("S", "Out") + i32("num_tokens", "num_experts", "num_topk", "scores_stride")
 
     max_experts: int  # the bucket: the smallest of MAX_EXPERTS >= num_experts runs
 
@@ -34,7 +35,7 @@ class TopkGateVariant(Variant):
         return tuple(cls(m) for m in MAX_EXPERTS)
 
 
-_KERNELS = KernelTable(TopkGateVariant, ("S", "Out", "num_tokens", "num_experts", "num_topk", "scores_stride"))
+_KERNELS = KernelTable(TopkGateVariant)
 
 
 def check_fp32_rows(t, name: str, columns: str, max_columns: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.torch.weight_sf import (
     WEIGHT_SF_BLOCK_SIZES,
     check_power_of_two_scales,
@@ -29,6 +29,13 @@ from tilebake.utils import ceil_div
 class BatchedTransposeWeightSfVariant(Variant):
     family = "quant"
     op = "batched_transpose_weight_sf"
+    PARAMS = (
+        ptr("SF", "OUT")
+        + i32(
+            "num_words_total", "rows", "words", "cols", "shift", "in_stride_g", "in_stride_r", "in_stride_c",
+            "out_stride_g", "out_stride_r", "out_stride_w"
+        )
+    )  # fmt: skip
 
     in_dtype: str  # 'fp32': the only input; block size, shapes and layouts are runtime
 
@@ -37,13 +44,7 @@ class BatchedTransposeWeightSfVariant(Variant):
         return (cls("fp32"),)
 
 
-_KERNELS = KernelTable(
-    BatchedTransposeWeightSfVariant,
-    (
-        "SF", "OUT", "num_words_total", "rows", "words", "cols", "shift", "in_stride_g", "in_stride_r",
-        "in_stride_c", "out_stride_g", "out_stride_r", "out_stride_w",
-    ),
-)  # fmt: skip
+_KERNELS = KernelTable(BatchedTransposeWeightSfVariant)
 
 
 def _check_out(t, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import check_aligned
 
 
@@ -22,6 +22,7 @@ from tilebake.quant._common import check_aligned
 class CastVariant(Variant):
     family = "quant"
     op = "cast"
+    PARAMS = ptr("X", "Y") + i32("num_groups")
 
     in_dtype: str  # 'fp32' | 'bf16'
     out_dtype: str  # 'bf16' | 'e4m3'
@@ -33,7 +34,7 @@ class CastVariant(Variant):
 
 _NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 _SR_PAIRS = {("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")}
-_KERNELS = KernelTable(CastVariant, ("X", "Y", "num_groups"))
+_KERNELS = KernelTable(CastVariant)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:

@@ -13,7 +13,7 @@ import operator
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import FLOAT_DTYPES, QuantTensor, check_aligned, check_fmt, check_rows
 from tilebake.utils import ceil_div
 
@@ -22,6 +22,10 @@ from tilebake.utils import ceil_div
 class CastBackVariant(Variant):
     family = "quant"
     op = "cast_back"
+    PARAMS = (
+        ptr("X", "S", "Y")
+        + i32("block_m", "block_k", "num_tokens", "x_cols", "x_stride", "sf_stride_0", "sf_stride_1")
+    )  # fmt: skip
 
     in_fmt: str  # 'e4m3' (float8_e4m3fn data) | 'e2m1' (int8, two codes a byte)
     out_dtype: str  # 'bf16' | 'fp32'
@@ -89,10 +93,7 @@ def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
     return sf_kind
 
 
-_KERNELS = KernelTable(
-    CastBackVariant,
-    ("X", "S", "Y", "block_m", "block_k", "num_tokens", "x_cols", "x_stride", "sf_stride_0", "sf_stride_1"),
-)  # fmt: skip
+_KERNELS = KernelTable(CastBackVariant)
 
 
 def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import FLOAT_FORMATS
 from tilebake.quant.norm_forward import (
     check_float,
@@ -42,23 +42,22 @@ class NormBackwardVariant(Variant):
     def all(cls):
         return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True)))
 
-
-def _arg_names(has_weight: bool, has_residual_grad: bool) -> tuple[str, ...]:
-    """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
-    names = ("G", "X", "RSTD", "DX", "out_scale", "num_tokens", "hidden", "num_ctas")
-    names += ("out_grad_stride", "x_stride", "x_grad_stride")
-    if has_weight:
-        names += ("W", "P")
-    if has_residual_grad:
-        names += ("ROG", "residual_out_grad_stride")
-    return names
+    def params(self):
+        """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
+        params = ptr("G", "X", "RSTD", "DX") + f32("out_scale") + i32("num_tokens", "hidden", "num_ctas")
+        params += i32("out_grad_stride", "x_stride", "x_grad_stride")
+        if self.has_weight:
+            params += ptr("W", "P")
+        if self.has_residual_grad:
+            params += ptr("ROG") + i32("residual_out_grad_stride")
+        return params
 
 
 # CTAs per SM by x's dtype (the kernel asks the compiler for registers to fit that many): bf16,
 # two, so one CTA's loads overlap another's reduction barrier; fp32 rows need twice the
 # registers, one.
 CTAS_PER_SM = {torch.bfloat16: 2, torch.float32: 1}
-_KERNELS = {(w, r): KernelTable(NormBackwardVariant, _arg_names(w, r)) for w in (False, True) for r in (False, True)}
+_KERNELS = KernelTable(NormBackwardVariant)
 _WEIGHT_GRAD_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -151,7 +150,7 @@ def _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale: floa
     if residual_out_grad is not None:
         args.update(ROG=residual_out_grad.data_ptr(), residual_out_grad_stride=rows_strides(residual_out_grad)[1])
     has_weight, has_rog = weight is not None, residual_out_grad is not None
-    kernel = _KERNELS[has_weight, has_rog][FLOAT_FORMATS[x.dtype], has_weight, has_rog]
+    kernel = _KERNELS[FLOAT_FORMATS[x.dtype], has_weight, has_rog]
     kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
     return x_grad, (partials.sum(0) if weight is not None else None)
 

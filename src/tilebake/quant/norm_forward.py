@@ -16,7 +16,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
@@ -45,6 +45,9 @@ class NormForwardVariant(Variant):
     def all(cls):
         return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True)))
 
+    def params(self):
+        return forward_params(self.has_weight, self.has_residual, quant=False)
+
 
 @dataclasses.dataclass(frozen=True)
 class NormForwardCastVariant(Variant):
@@ -59,6 +62,9 @@ class NormForwardCastVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls(*k) for k in itertools.product(("bf16", "fp32"), (False, True), (False, True), (32, 128)))
+
+    def params(self):
+        return forward_params(self.has_weight, self.has_residual, quant=True)
 
 
 # --- argument checks shared with norm_backward ---
@@ -163,33 +169,25 @@ def check_pointers(**tensors) -> None:
 # --- norm_forward ---
 
 
-def _forward_arg_names(has_weight: bool, has_residual: bool, quant: bool) -> tuple[str, ...]:
+def forward_params(has_weight: bool, has_residual: bool, quant: bool):
     """The parameters the compiled kernel keeps (the lowering drops unused buffers and dims)."""
-    names = ["X", "Y", "RSTD", "eps", "out_scale", "with_rstd", "batch", "num_tokens", "hidden"]
-    names += ["x_batch_stride", "x_stride", "out_batch_stride", "out_stride"]
+    params = ptr("X", "Y", "RSTD") + f32("eps", "out_scale") + i32("with_rstd", "batch", "num_tokens", "hidden")
+    params += i32("x_batch_stride", "x_stride", "out_batch_stride", "out_stride")
     if has_weight:
-        names += ["W"]
+        params += ptr("W")
     if has_residual:
-        names += ["R", "RO", "residual_batch_stride", "residual_stride", "residual_out_batch_stride"]
-        names += ["residual_out_stride"]
+        params += ptr("R", "RO")
+        params += i32("residual_batch_stride", "residual_stride", "residual_out_batch_stride", "residual_out_stride")
     if quant:
-        names += ["num_ctas"]
-        names += ["YB", "S", "SP", "amax_clamp", "round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride"]
-        names += ["out_bf16_stride", "sf_batch_stride", "sf_stride_t", "sf_stride_g"]
-        names += ["MM", "mm_rows", "mega_block_m", "mega_aligned_block_m"]
-    return tuple(names)
+        params += i32("num_ctas") + ptr("YB", "S", "SP") + f32("amax_clamp")
+        params += i32("round_sf", "packed", "with_out_bf16", "out_bf16_batch_stride", "out_bf16_stride")
+        params += i32("sf_batch_stride", "sf_stride_t", "sf_stride_g")
+        params += ptr("MM") + i32("mm_rows", "mega_block_m", "mega_aligned_block_m")
+    return params
 
 
-_FORWARD_KERNELS = {
-    (w, r): KernelTable(NormForwardVariant, _forward_arg_names(w, r, False))
-    for w in (False, True)
-    for r in (False, True)
-}
-_CAST_KERNELS = {
-    (w, r): KernelTable(NormForwardCastVariant, _forward_arg_names(w, r, True))
-    for w in (False, True)
-    for r in (False, True)
-}
+_FORWARD_KERNELS = KernelTable(NormForwardVariant)
+_CAST_KERNELS = KernelTable(NormForwardCastVariant)
 
 
 def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hidden_multiple):
@@ -233,7 +231,7 @@ def _launch_forward(table, x, weight, eps, residual, out_scale, out, residual_ou
             residual_out_batch_stride=ro_bs, residual_out_stride=ro_rs,
         )  # fmt: skip
     args.update(quant_args)
-    kernel = table[weight is not None, residual is not None][key]
+    kernel = table[key]
     kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
 
 

@@ -15,7 +15,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
@@ -42,6 +42,14 @@ _MODE_CAST, _MODE_SF_ONLY, _MODE_PRECOMPUTED = 0, 1, 2
 class PerBlockCastVariant(Variant):
     family = "quant"
     op = "per_block_cast"
+    PARAMS = (
+        ptr("X", "Y", "S")
+        + f32("amax_clamp")
+        + i32(
+            "mode", "round_sf", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "hidden", "x_stride",
+            "y_stride"
+        )
+    )  # fmt: skip
 
     in_dtype: str  # 'bf16' | 'fp32'
     fmt: str  # 'e4m3' | 'e2m1'
@@ -92,13 +100,7 @@ def _data_shape(fmt: str, num_tokens: int, hidden: int) -> tuple[tuple[int, int]
     return (num_tokens, hidden), torch.float8_e4m3fn
 
 
-_KERNELS = KernelTable(
-    PerBlockCastVariant,
-    (
-        "X", "Y", "S", "amax_clamp", "mode", "round_sf", "packed_sf", "sf_stride_m", "sf_stride_k",
-        "num_tokens", "hidden", "x_stride", "y_stride",
-    ),
-)  # fmt: skip
+_KERNELS = KernelTable(PerBlockCastVariant)
 
 
 def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> None:

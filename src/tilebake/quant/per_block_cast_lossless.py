@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import (
     QuantTensor,
     alloc_sf,
@@ -40,6 +40,13 @@ MIN_BLOCK_K = 16
 class PerBlockCastLosslessVariant(Variant):
     family = "quant"
     op = "per_block_cast_lossless"
+    PARAMS = (
+        ptr("X", "Y", "SIN", "SIN32", "S")
+        + i32(
+            "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m", "in_shift_k", "out_shift_m",
+            "out_shift_k", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens", "x_words", "x_stride", "y_stride"
+        )
+    )  # fmt: skip
 
     out_fmt: str  # 'e4m3', the only one: block sizes and SF layouts are runtime arguments
 
@@ -48,14 +55,7 @@ class PerBlockCastLosslessVariant(Variant):
         return (cls("e4m3"),)
 
 
-_KERNELS = KernelTable(
-    PerBlockCastLosslessVariant,
-    (
-        "X", "Y", "SIN", "SIN32", "S", "in_sf_packed", "in_sf_stride_m", "in_sf_stride_k", "in_shift_m",
-        "in_shift_k", "out_shift_m", "out_shift_k", "packed_sf", "sf_stride_m", "sf_stride_k", "num_tokens",
-        "x_words", "x_stride", "y_stride",
-    ),
-)  # fmt: skip
+_KERNELS = KernelTable(PerBlockCastLosslessVariant)
 
 
 def _is_pow2_int(v) -> bool:

@@ -14,7 +14,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
@@ -42,13 +42,17 @@ class PerChannelCastVariant(Variant):
     def all(cls):
         return tuple(cls(d, npt) for d, npt in itertools.product(("bf16", "fp32", "e4m3"), NUM_PER_TOKENS))
 
+    def params(self):
+        # A quantized input's kernel also takes its SF (the float kernels have no such parameters).
+        return _PARAMS + (_QUANTIZED_PARAMS if self.in_dtype == "e4m3" else ())
 
-_ARGS = ("X", "Y", "S32", "S8", "amax_clamp", "round_sf", "packed_sf", "num_tokens", "hidden", "x_stride")
-_KERNELS = KernelTable(PerChannelCastVariant, _ARGS)
-# A quantized input's kernel also takes its SF (the float kernels have no such parameters).
-_QUANTIZED_KERNELS = KernelTable(
-    PerChannelCastVariant, _ARGS + ("SIN", "in_sf_packed", "in_sf_stride_t", "in_sf_stride_g", "num_per_channels")
-)
+
+_PARAMS = ptr("X", "Y", "S32", "S8") + f32("amax_clamp")
+_PARAMS += i32("round_sf", "packed_sf", "num_tokens", "hidden", "x_stride")
+_QUANTIZED_PARAMS = ptr("SIN") + i32("in_sf_packed", "in_sf_stride_t", "in_sf_stride_g", "num_per_channels")
+
+
+_KERNELS = KernelTable(PerChannelCastVariant)
 
 
 def _check_flag(value, name: str) -> None:
@@ -160,7 +164,7 @@ def per_channel_cast(
         _KERNELS[in_dtype, num_per_tokens](data_in.get_device(), *args)
     else:
         size = sf_in.element_size()  # the kernel addresses the input SF in bytes
-        _QUANTIZED_KERNELS[in_dtype, num_per_tokens](
+        _KERNELS[in_dtype, num_per_tokens](
             data_in.get_device(),
             *args, sf_in.data_ptr(), int(in_sf_packed), sf_in.stride(0) * size, sf_in.stride(1) * size,
             num_per_channels,

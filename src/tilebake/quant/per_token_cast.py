@@ -15,7 +15,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     NUM_PER_CHANNELS,
@@ -70,9 +70,29 @@ class PerTokenCastVariant(Variant):
         ]
         return tuple(hot + runtime + e2m1)
 
+    def params(self):
+        if self.sf_mode not in ("runtime", "rne"):
+            return _HOT_PARAMS
+        if self.sf_mode == "rne":
+            return _RNE_PARAMS
+        return _RUNTIME_PARAMS + (_QUANTIZED_PARAMS if self.in_dtype in ("e4m3", "e2m1") else ())
+
+
+# The kernels' parameters (kernels_tl/quant/per_token_cast.py: build, build_runtime_sf, build_e2m1_rne).
+_HOT_PARAMS = (
+    ptr("X", "Y", "S")
+    + f32("amax_clamp")
+    + i32("num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")
+)
+_SF_PARAMS = ptr("X", "Y", "S", "SB", "SE") + f32("amax_clamp") + i32("sf_mode")
+_SHAPE_PARAMS = i32("num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")
+_RNE_PARAMS = _SF_PARAMS + _SHAPE_PARAMS
+_RUNTIME_PARAMS = _SF_PARAMS + i32("store_data", "stochastic") + _SHAPE_PARAMS
+_QUANTIZED_PARAMS = ptr("XS", "XSB", "XSE")
+_QUANTIZED_PARAMS += i32("x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
+
 
 FMTS = ("e4m3", "e2m1")
-_SF_MODES = {(False, False): "fp32", (True, False): "round", (True, True): "ue8m0"}
 # validated (dtype, fmt, npc, round_sf, packed) -> hot variant key, or None: the general path
 _KEYS: dict[tuple, Optional[tuple]] = {}
 
@@ -90,8 +110,8 @@ def _key_of(x, fmt, num_per_channels, round_sf, use_packed_ue8m0) -> Optional[tu
     check_fmt(fmt, FMTS)
     check_num_per_channels(num_per_channels)
     check_sf_options(round_sf, use_packed_ue8m0)
-    key = (in_dtype, "e4m3", num_per_channels, _SF_MODES[bool(round_sf), bool(use_packed_ue8m0)])
-    key = key if fmt == "e4m3" else None
+    key = variant_key(in_dtype, fmt, num_per_channels, _sf_mode(round_sf, use_packed_ue8m0, False), 1, 0)
+    key = key if key[3] in _HOT_SF_MODES.values() else None
     _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_packed_ue8m0] = key
     return key
 
@@ -107,10 +127,7 @@ def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0, c
     return data, sf
 
 
-_KERNELS = KernelTable(
-    PerTokenCastVariant,
-    ("X", "Y", "S", "amax_clamp", "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g"),
-)
+_KERNELS = KernelTable(PerTokenCastVariant)
 
 
 def per_token_cast(
@@ -221,14 +238,21 @@ def per_token_cast(
 SF_PLAIN, SF_ROUND, SF_UE8M0, SF_E4M3, SF_PRECOMPUTED = 0, 1, 2, 3, 4  # the kernel's sf_mode argument
 X_SF_FP32, X_SF_UE8M0, X_SF_E4M3 = 0, 1, 2  # its x_sf_kind: how a quantized input's SF is stored
 _X_SF_KINDS = {torch.float32: X_SF_FP32, torch.int32: X_SF_UE8M0, torch.float8_e4m3fn: X_SF_E4M3}
-_RUNTIME_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode", "store_data", "stochastic",
-                 "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
-_QUANTIZED_ARGS = ("XS", "XSB", "XSE", "x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
-_RUNTIME_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS)
-_RNE_ARGS = ("X", "Y", "S", "SB", "SE", "amax_clamp", "sf_mode",
-             "num_tokens", "hidden", "x_stride", "y_stride", "sf_stride_t", "sf_stride_g")  # fmt: skip
-_RNE_KERNELS = KernelTable(PerTokenCastVariant, _RNE_ARGS)  # build_e2m1_rne: plain input -> e2m1, RNE
-_QUANTIZED_KERNELS = KernelTable(PerTokenCastVariant, _RUNTIME_ARGS + _QUANTIZED_ARGS)
+_HOT_SF_MODES = {SF_PLAIN: "fp32", SF_ROUND: "round", SF_UE8M0: "ue8m0"}  # sf_mode code -> hot variant's
+
+
+def variant_key(in_dtype: str, fmt: str, num_per_channels: int, sf_mode: int, store_data: int, stochastic: int):
+    """Which kernel runs a call (the PerTokenCastVariant fields): a plain input's e4m3 cast with
+    an fp32/round/UE8M0 SF has a hot kernel per SF mode; a plain input's e2m1 cast rounded to
+    nearest the lean 'rne' kernel; everything else (e4m3 SF, SF only, a precomputed SF,
+    stochastic rounding, a quantized input) the 'runtime' kernel."""
+    plain = in_dtype in ("bf16", "fp32")
+    if plain and store_data and not stochastic:
+        if fmt == "e4m3" and sf_mode in _HOT_SF_MODES:
+            return in_dtype, fmt, num_per_channels, _HOT_SF_MODES[sf_mode]
+        if fmt == "e2m1" and sf_mode != SF_PRECOMPUTED:
+            return in_dtype, fmt, num_per_channels, "rne"
+    return in_dtype, fmt, num_per_channels, "runtime"
 
 
 def _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf) -> None:
@@ -422,29 +446,30 @@ def _launch(
             )
     sf_stride_t, sf_stride_g = _sf_strides(sf, sf_mode)
     num_tokens, x_ptr, sf_ptr = data_in.shape[0], data_in.data_ptr(), sf.data_ptr()
-    if x_sf is None and fmt == "e2m1" and store_data and not stochastic and sf_mode != SF_PRECOMPUTED:
-        # The common e2m1 case: a lean kernel without the runtime kernel's rarer options.
-        _RNE_KERNELS[in_dtype, fmt, num_per_channels, "rne"](
-            data_in.get_device(),
-            x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode,
-            num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
+    key = variant_key(in_dtype, fmt, num_per_channels, sf_mode, store_data, stochastic)
+    device, kernel = data_in.get_device(), _KERNELS[key]
+    x_stride = data_in.stride(0)
+    if key[3] == "rne":  # the common e2m1 case: a lean kernel without the runtime kernel's rarer options
+        kernel(
+            device, x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode,
+            num_tokens, hidden, x_stride, y_stride, sf_stride_t, sf_stride_g,
         )  # fmt: skip
-        return
-    args = (
-        x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
-        num_tokens, hidden, data_in.stride(0), y_stride, sf_stride_t, sf_stride_g,
-    )  # fmt: skip
-    key = (in_dtype, fmt, num_per_channels, "runtime")
-    if x_sf is None:
-        _RUNTIME_KERNELS[key](data_in.get_device(), *args)
-        return
-    kind = _X_SF_KINDS[x_sf.dtype]
-    x_sf_ptr = x_sf.data_ptr()
-    x_sf_stride_t, x_sf_stride_g = sf_strides_for_kernel(x_sf, kind == X_SF_UE8M0)
-    _QUANTIZED_KERNELS[key](
-        data_in.get_device(),
-        *args, x_sf_ptr, x_sf_ptr, x_sf_ptr, kind, block[0], block[1], x_sf_stride_t, x_sf_stride_g,
-    )  # fmt: skip
+    elif key[3] != "runtime":  # a hot kernel (per_token_cast launches it itself)
+        kernel(device, x_ptr, y_ptr, sf_ptr, clamp, num_tokens, hidden, x_stride, y_stride, sf_stride_t, sf_stride_g)
+    elif x_sf is None:
+        kernel(
+            device, x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
+            num_tokens, hidden, x_stride, y_stride, sf_stride_t, sf_stride_g,
+        )  # fmt: skip
+    else:
+        kind = _X_SF_KINDS[x_sf.dtype]
+        x_sf_ptr = x_sf.data_ptr()
+        x_sf_stride_t, x_sf_stride_g = sf_strides_for_kernel(x_sf, kind == X_SF_UE8M0)
+        kernel(
+            device, x_ptr, y_ptr, sf_ptr, sf_ptr, sf_ptr, clamp, sf_mode, store_data, stochastic,
+            num_tokens, hidden, x_stride, y_stride, sf_stride_t, sf_stride_g,
+            x_sf_ptr, x_sf_ptr, x_sf_ptr, kind, block[0], block[1], x_sf_stride_t, x_sf_stride_g,
+        )  # fmt: skip
 
 
 def per_token_cast_with_sf_only(

@@ -14,7 +14,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     NUM_PER_CHANNELS,
@@ -29,6 +29,7 @@ from tilebake.quant._common import (
 class PerTokenCastAndCastBackVariant(Variant):
     family = "quant"
     op = "per_token_cast_and_cast_back"
+    PARAMS = ptr("X") + f32("amax_clamp") + i32("round_sf", "use_e4m3_sf", "num_tokens", "hidden", "x_stride")
 
     in_dtype: str  # 'bf16' | 'fp32'
     fmt: str  # 'e4m3' | 'e2m1'
@@ -60,10 +61,7 @@ def _key_of(x, fmt, num_per_channels, round_sf, use_e4m3_sf) -> tuple:
     return key
 
 
-_KERNELS = KernelTable(
-    PerTokenCastAndCastBackVariant,
-    ("X", "amax_clamp", "round_sf", "use_e4m3_sf", "num_tokens", "hidden", "x_stride"),
-)
+_KERNELS = KernelTable(PerTokenCastAndCastBackVariant)
 
 
 def per_token_cast_and_cast_back(

@@ -17,7 +17,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -62,15 +62,21 @@ class SwigluBackwardVariant(Variant):
         ]
         return tuple(plain + cast)
 
+    def params(self):
+        return _PARAMS + (_CAST_PARAMS if self.in_dtype == "e4m3" else ())
 
-_COMMON_ARGS = ("X", "G", "DX", "A", "WG", "W", "P", "num_experts", "use_psum", "search_steps", "alignment",
-                "num_tokens", "hidden", "x_stride", "g_stride", "has_weights", "do_recompute", "scale",
-                "clamp_value")  # fmt: skip
-_PLAIN_KERNELS = KernelTable(SwigluBackwardVariant, _COMMON_ARGS)
-_CAST_KERNELS = KernelTable(
-    SwigluBackwardVariant,
-    (*_COMMON_ARGS, "XS", "xs_stride_t", "xs_stride_g", "Q", "S", "sf_stride_t", "sf_stride_g", "amax_clamp"),
+
+_PARAMS = (
+    ptr("X", "G", "DX", "A", "WG", "W", "P")
+    + i32("num_experts", "use_psum", "search_steps", "alignment", "num_tokens", "hidden", "x_stride", "g_stride")
+    + i32("has_weights", "do_recompute")
+    + f32("scale", "clamp_value")
 )
+_CAST_PARAMS = ptr("XS") + i32("xs_stride_t", "xs_stride_g") + ptr("Q", "S") + i32("sf_stride_t", "sf_stride_g")
+_CAST_PARAMS += f32("amax_clamp")
+
+
+_KERNELS = KernelTable(SwigluBackwardVariant)
 
 
 def _check_grad(act_x_grad, x, num_tokens, hidden) -> str:
@@ -116,13 +122,13 @@ def _reference(x, act_x_grad, psum, topk_weights, scale, clamp, npc=None):
     return (outs[0], None, outs[1]) if topk_weights is None else outs
 
 
-def _launch(table, key, x, g, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp, extra=()):
+def _launch(key, x, g, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp, extra=()):
     num_tokens, hidden = g.shape
     pointers = (x.data_ptr(), g.data_ptr(), x_grad.data_ptr(), act_out.data_ptr())
     for pointer, name in zip(pointers, ("x", "act_x_grad", "x_grad", "act_out")):
         if pointer % 16:
             check_aligned(pointer, name)
-    table[key](
+    _KERNELS[key](
         x.get_device(),
         *pointers, weight_grad.data_ptr(),
         topk_weights.data_ptr() if topk_weights is not None else pointers[0],
@@ -194,7 +200,7 @@ def swiglu_backward(
     x_grad, weight_grad, act_out = _outputs(act_x_grad, num_tokens, hidden, out_dtype, topk_weights, do_recompute)
     if num_tokens:
         key = (grad_dtype, grad_dtype, fmt, 0, False, False)
-        _launch(_PLAIN_KERNELS, key, x, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp)
+        _launch(key, x, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp)
     return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
 
 
@@ -286,7 +292,7 @@ def swiglu_backward_and_per_token_cast(
         sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
         extra = (x_sf.data_ptr(), x_sf.stride(0), x_sf.stride(1), q_ptr, sf.data_ptr(), sf_stride_t, sf_stride_g,
                  amax_clamp)  # fmt: skip
-        _launch(_CAST_KERNELS, key, data, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp,
+        _launch(key, data, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp,
                 extra)  # fmt: skip
     return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
 

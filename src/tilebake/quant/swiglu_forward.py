@@ -18,7 +18,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -57,11 +57,20 @@ class SwigluForwardVariant(Variant):
         ]
         return tuple(plain + cast)
 
+    def params(self):
+        return _PARAMS + (_CAST_PARAMS if self.out_fmt == "e4m3" else ())
 
-_COMMON_ARGS = ("X", "Y", "W", "P", "C", "num_experts", "use_psum", "search_steps", "alignment", "num_tokens", "hidden",
-                "x_stride", "y_stride", "has_weights", "count_clamps", "scale", "clamp_value")  # fmt: skip
-_PLAIN_KERNELS = KernelTable(SwigluForwardVariant, _COMMON_ARGS)
-_CAST_KERNELS = KernelTable(SwigluForwardVariant, (*_COMMON_ARGS, "S", "sf_stride_t", "sf_stride_g", "amax_clamp"))
+
+_PARAMS = (
+    ptr("X", "Y", "W", "P", "C")
+    + i32("num_experts", "use_psum", "search_steps", "alignment", "num_tokens", "hidden", "x_stride", "y_stride")
+    + i32("has_weights", "count_clamps")
+    + f32("scale", "clamp_value")
+)
+_CAST_PARAMS = ptr("S") + i32("sf_stride_t", "sf_stride_g") + f32("amax_clamp")
+
+
+_KERNELS = KernelTable(SwigluForwardVariant)
 
 
 def check_swiglu_input(x, name: str = "x") -> tuple[int, int]:
@@ -157,13 +166,13 @@ def _reference(x, psum, topk_weights, scale, clamp, clamped_count):
     )
 
 
-def _launch(table, key, x, y, num_tokens, hidden, psum, topk_weights, scale, clamp, clamped_count, extra=()):
+def _launch(key, x, y, num_tokens, hidden, psum, topk_weights, scale, clamp, clamped_count, extra=()):
     x_ptr, y_ptr = x.data_ptr(), y.data_ptr()
     if (x_ptr | y_ptr) % 16:
         check_aligned(x_ptr, "x")
         check_aligned(y_ptr, "output")
     counts = x.new_empty((num_tokens, 4), dtype=torch.int32) if clamped_count is not None else None
-    table[key](
+    _KERNELS[key](
         x.get_device(),
         x_ptr, y_ptr,
         topk_weights.data_ptr() if topk_weights is not None else x_ptr,
@@ -228,7 +237,7 @@ def swiglu_forward(
     if num_tokens == 0:
         return y
     key = (in_dtype, fmt, 0, False, False)
-    _launch(_PLAIN_KERNELS, key, x, y, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
+    _launch(key, x, y, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
             clamped_count)  # fmt: skip
     return y
 
@@ -290,7 +299,7 @@ def swiglu_forward_and_per_token_cast(
         return data, sf
     key = (in_dtype, "e4m3", num_per_channels, bool(round_sf), bool(use_packed_ue8m0))
     sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
-    _launch(_CAST_KERNELS, key, x, data, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
+    _launch(key, x, data, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
             clamped_count, extra=(sf.data_ptr(), sf_stride_t, sf_stride_g, amax_clamp))  # fmt: skip
     return data, sf
 

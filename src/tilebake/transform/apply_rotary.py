@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import Variant, i32, i64, ptr
 
 DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 ROT_DIMS = (64, 128)
@@ -26,6 +26,16 @@ _INT32_MAX = 2**31 - 1
 class ApplyRotaryVariant(Variant):
     family = "transform"
     op = "apply_rotary"
+    PARAMS = (
+        ptr("Q", "K", "C", "P32", "P64")
+        + i32("pos_kind")
+        + i64("seqlen_offset")
+        + i32(
+            "interleaved", "conjugate", "batch", "seqlen", "q_heads", "k_heads", "cache_rows", "q_batch_stride",
+            "q_token_stride", "q_head_stride", "k_batch_stride", "k_token_stride", "k_head_stride", "cache_stride",
+            "pos_batch_stride", "pos_token_stride"
+        )
+    )  # fmt: skip
 
     dtype: str  # query/key: 'bf16' | 'fp32'
     rot_dim: int  # 64 | 128; NeoX/interleaved, conjugate, positions (none/int32/int64) are runtime
@@ -35,13 +45,7 @@ class ApplyRotaryVariant(Variant):
         return tuple(cls(*k) for k in itertools.product(DTYPES.values(), ROT_DIMS))
 
 
-_ARGS = (
-    "Q", "K", "C", "P32", "P64", "pos_kind", "seqlen_offset", "interleaved", "conjugate",
-    "batch", "seqlen", "q_heads", "k_heads", "cache_rows",
-    "q_batch_stride", "q_token_stride", "q_head_stride", "k_batch_stride", "k_token_stride", "k_head_stride",
-    "cache_stride", "pos_batch_stride", "pos_token_stride",
-)  # fmt: skip
-_KERNELS = KernelTable(ApplyRotaryVariant, _ARGS)
+_KERNELS = KernelTable(ApplyRotaryVariant)
 POS_NONE, POS_INT32, POS_INT64 = 0, 1, 2  # the kernel's pos_kind
 
 
