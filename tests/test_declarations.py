@@ -78,3 +78,26 @@ def test_lowering_fails_on_a_mismatching_declaration(tmp_path):
     assert "the kernel takes 'Y' (handle), which is not declared" in text
     assert "'num_groups' is declared int64, the kernel takes int32" in text
     assert not (tmp_path / "bad").exists()  # nothing written for the failed variant
+
+
+def test_per_token_cast_picks_one_built_kernel_per_call():
+    """variant_key, the one place the op chooses a kernel flavour: every combination of a call's
+    options maps to a built variant, and the flavours are those the launches were written for."""
+    import itertools
+
+    from tilebake.quant import per_token_cast as op
+
+    built = {dataclasses.astuple(v) for v in op.PerTokenCastVariant.all()}
+    modes = (op.SF_PLAIN, op.SF_ROUND, op.SF_UE8M0, op.SF_E4M3, op.SF_PRECOMPUTED)
+    for in_dtype, fmt, mode, store, stochastic in itertools.product(
+        ("bf16", "fp32", "e4m3", "e2m1"), op.FMTS, modes, (0, 1), (0, 1)
+    ):
+        key = op.variant_key(in_dtype, fmt, 32, mode, store, stochastic)
+        assert key in built, key
+        plain, lean = in_dtype in ("bf16", "fp32"), store and not stochastic
+        if plain and lean and fmt == "e4m3" and mode in (op.SF_PLAIN, op.SF_ROUND, op.SF_UE8M0):
+            assert key[3] == ("fp32", "round", "ue8m0")[mode]
+        elif plain and lean and fmt == "e2m1" and mode != op.SF_PRECOMPUTED:
+            assert key[3] == "rne"
+        else:
+            assert key[3] == "runtime"

@@ -231,7 +231,8 @@ class Kernel:
 
 class KernelTable(dict):
     """An op's kernels by compile-time key (a tuple of the variant's fields), built on first
-    use; each takes the parameters its variant declares. A dict, so the per-call lookup `table[key]` is a plain C-level dict lookup."""
+    use, each taking the parameters its variant declares. A dict, so the per-call lookup
+    `table[key]` is a plain C-level dict lookup."""
 
     def __init__(self, variant_type):
         super().__init__()
