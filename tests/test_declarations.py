@@ -83,9 +83,10 @@ def test_lowering_fails_on_a_mismatching_declaration(tmp_path):
 def test_per_token_cast_picks_one_built_kernel_per_call():
     """variant_key, the one place the op chooses a kernel flavour: every combination of a call's
     options maps to a built variant, and the flavours are those the launches were written for."""
+    import importlib
     import itertools
 
-    from tilebake.quant import per_token_cast as op
+    op = importlib.import_module("tilebake.quant.per_token_cast")  # the package exports the function
 
     built = {dataclasses.astuple(v) for v in op.PerTokenCastVariant.all()}
     modes = (op.SF_PLAIN, op.SF_ROUND, op.SF_UE8M0, op.SF_E4M3, op.SF_PRECOMPUTED)
