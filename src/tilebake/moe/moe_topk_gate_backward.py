@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_scores
@@ -222,12 +223,6 @@ def _launch(
 # --- torch.library: lets torch.compile(fullgraph=True) trace moe_topk_gate_backward; eager calls
 # skip it. Functional: writing into a caller's `out` stays in Python (a traced copy_).
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "moe_topk_gate_backward(Tensor scores, Tensor topk_idx, Tensor topk_weights, Tensor grad_topk_weights,"
-    " float routed_scaling_factor, str scoring_func, Tensor? mask, Tensor? grad_scores_sum) -> Tensor"
-)
-
 
 def _op_impl(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, h):
     return _backward(
@@ -239,6 +234,9 @@ def _meta(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_fact
     return scores.new_empty(scores.shape)
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("moe_topk_gate_backward", _op_impl, _key)
-_lib.impl("moe_topk_gate_backward", _meta, "Meta")
+register(
+    "moe_topk_gate_backward(Tensor scores, Tensor topk_idx, Tensor topk_weights, Tensor grad_topk_weights,"
+    " float routed_scaling_factor, str scoring_func, Tensor? mask, Tensor? grad_scores_sum) -> Tensor",
+    _op_impl,
+    _meta,
+)

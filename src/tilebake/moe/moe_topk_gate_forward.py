@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 
@@ -242,15 +243,6 @@ def _forward(
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it. Functional
 # outputs (an `out` pair is filled by traced copies); unmapped_topk_idx and scores are mutated.
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "moe_topk_gate_forward(Tensor logits, int num_topk, bool use_shared_as_routed, int num_shared_experts,"
-    " float routed_scaling_factor, int ep_rank, str scoring_func, Tensor? mask, Tensor? bias, Tensor? image_bias,"
-    " Tensor? image_token_mask, Tensor? fix_routing_mask, Tensor? to_physical_map, Tensor? logical_count,"
-    " Tensor(a!)? unmapped_topk_idx, Tensor? force_random, Tensor(b!)? scores, int num_groups, int num_topk_groups)"
-    " -> (Tensor, Tensor)"
-)
-
 
 def _op_impl(logits, num_topk, use_shared, num_shared, rsf, ep_rank, func, *tensors_and_groups):
     *tensors, scores, num_groups, num_topk_groups = tensors_and_groups
@@ -271,9 +263,15 @@ def _meta(logits, num_topk, use_shared, num_shared, *rest):
 
 
 # Meta kernels rather than register_fake: free at import (see quant/per_token_cast.py).
-for _key in ("CPU", "CUDA"):
-    _lib.impl("moe_topk_gate_forward", _op_impl, _key)
-_lib.impl("moe_topk_gate_forward", _meta, "Meta")
+register(
+    "moe_topk_gate_forward(Tensor logits, int num_topk, bool use_shared_as_routed, int num_shared_experts,"
+    " float routed_scaling_factor, int ep_rank, str scoring_func, Tensor? mask, Tensor? bias, Tensor? image_bias,"
+    " Tensor? image_token_mask, Tensor? fix_routing_mask, Tensor? to_physical_map, Tensor? logical_count,"
+    " Tensor(a!)? unmapped_topk_idx, Tensor? force_random, Tensor(b!)? scores, int num_groups, int num_topk_groups)"
+    " -> (Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
 
 
 def moe_topk_gate(*args, **kwargs):

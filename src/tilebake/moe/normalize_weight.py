@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
@@ -72,15 +73,14 @@ def _normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace normalize_weight; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("normalize_weight(Tensor topk_weights) -> (Tensor, Tensor)")
-
 
 def _meta(topk_weights):
     num_tokens, num_topk = topk_weights.shape
     return topk_weights.new_empty((num_tokens,)), topk_weights.new_empty((num_tokens, num_topk))
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("normalize_weight", _normalize_weight, _key)
-_lib.impl("normalize_weight", _meta, "Meta")
+register(
+    "normalize_weight(Tensor topk_weights) -> (Tensor, Tensor)",
+    _normalize_weight,
+    _meta,
+)

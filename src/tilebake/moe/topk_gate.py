@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 
@@ -121,14 +122,13 @@ def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace topk_gate; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("topk_gate(Tensor scores, int num_topk) -> Tensor")
-
 
 def _meta(scores, num_topk):
     return scores.new_empty((scores.shape[0], num_topk), dtype=torch.int64)
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("topk_gate", _topk_gate, _key)
-_lib.impl("topk_gate", _meta, "Meta")
+register(
+    "topk_gate(Tensor scores, int num_topk) -> Tensor",
+    _topk_gate,
+    _meta,
+)

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import check_aligned
@@ -93,8 +94,8 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the SR path; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("stochastic_cast(Tensor x, ScalarType dtype) -> Tensor")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("stochastic_cast", lambda x, dtype: cast(x, dtype, True), _key)
-_lib.impl("stochastic_cast", lambda x, dtype: torch.empty(x.shape, dtype=dtype, device=x.device), "Meta")
+register(
+    "stochastic_cast(Tensor x, ScalarType dtype) -> Tensor",
+    lambda x, dtype: cast(x, dtype, True),
+    lambda x, dtype: torch.empty(x.shape, dtype=dtype, device=x.device),
+)

@@ -12,6 +12,7 @@ import operator
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import FLOAT_DTYPES, QuantTensor, check_aligned, check_fmt, check_rows
@@ -160,11 +161,6 @@ def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int, x_speci
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("cast_back(Tensor data, Tensor sf, str fmt, int block_m, int block_k) -> Tensor")
-for _key in ("CPU", "CUDA"):
-    _lib.impl("cast_back", lambda data, sf, fmt, bm, bk: cast_back((data, sf), fmt, (bm, bk)), _key)
-
 
 # The shape function as a Meta kernel, what torch.compile's fake tensors run.
 def _meta(data, sf, fmt, bm, bk):
@@ -173,4 +169,8 @@ def _meta(data, sf, fmt, bm, bk):
     return data.new_empty((num_tokens, hidden), dtype=FLOAT_DTYPES[fmt])
 
 
-_lib.impl("cast_back", _meta, "Meta")
+register(
+    "cast_back(Tensor data, Tensor sf, str fmt, int block_m, int block_k) -> Tensor",
+    lambda data, sf, fmt, bm, bk: cast_back((data, sf), fmt, (bm, bk)),
+    _meta,
+)

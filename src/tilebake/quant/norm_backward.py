@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import FLOAT_FORMATS
@@ -169,12 +170,6 @@ def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
 # Functional: the op returns the fp32 weight gradient (empty without weight); adding it into a
 # caller's weight_grad buffer stays in Python (traced as torch ops).
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "norm_backward(Tensor out_grad, Tensor x, Tensor? weight, Tensor rstd, Tensor? residual_out_grad,"
-    " float out_scale) -> (Tensor, Tensor)"
-)
-
 
 def _op_impl(out_grad, x, weight, rstd, residual_out_grad, out_scale):
     x_grad, dw = _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
@@ -187,6 +182,9 @@ def _meta(out_grad, x, weight, rstd, residual_out_grad, out_scale):
 
 
 # Meta kernels rather than register_fake: free at import (see per_token_cast.py).
-for _key in ("CPU", "CUDA"):
-    _lib.impl("norm_backward", _op_impl, _key)
-_lib.impl("norm_backward", _meta, "Meta")
+register(
+    "norm_backward(Tensor out_grad, Tensor x, Tensor? weight, Tensor rstd, Tensor? residual_out_grad,"
+    " float out_scale) -> (Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)

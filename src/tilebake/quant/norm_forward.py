@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -506,17 +507,6 @@ def norm_forward_and_per_token_cast(
 # with_rstd, norm_input without residual, out_bf16 without with_out_bf16) are empty tensors in
 # the schema; the Python functions return None or x for them, as in eager mode.
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "norm_forward(Tensor x, Tensor? weight, float eps, Tensor? residual, float out_scale, bool with_rstd)"
-    " -> (Tensor, Tensor, Tensor)"
-)
-_lib.define(
-    "norm_forward_and_per_token_cast(Tensor x, Tensor? weight, float eps, int num_per_channels, Tensor? residual,"
-    " float out_scale, bool col_major_sf, bool round_sf, bool packed_ue8m0, bool with_out_bf16, bool with_rstd,"
-    " Tensor(a!)? mega_moe_sf, int mega_moe_block_m) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
-)
-
 
 def _into(buffer: Optional[torch.Tensor], value: torch.Tensor) -> torch.Tensor:
     return value if buffer is None else buffer.copy_(value)
@@ -561,8 +551,16 @@ def _cast_meta(
 
 
 # Meta kernels rather than register_fake: free at import (see per_token_cast.py).
-for _key in ("CPU", "CUDA"):
-    _lib.impl("norm_forward", _norm_forward_impl, _key)
-    _lib.impl("norm_forward_and_per_token_cast", _cast_impl, _key)
-_lib.impl("norm_forward", _norm_forward_meta, "Meta")
-_lib.impl("norm_forward_and_per_token_cast", _cast_meta, "Meta")
+register(
+    "norm_forward(Tensor x, Tensor? weight, float eps, Tensor? residual, float out_scale, bool with_rstd)"
+    " -> (Tensor, Tensor, Tensor)",
+    _norm_forward_impl,
+    _norm_forward_meta,
+)
+register(
+    "norm_forward_and_per_token_cast(Tensor x, Tensor? weight, float eps, int num_per_channels, Tensor? residual,"
+    " float out_scale, bool col_major_sf, bool round_sf, bool packed_ue8m0, bool with_out_bf16, bool with_rstd,"
+    " Tensor(a!)? mega_moe_sf, int mega_moe_block_m) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _cast_impl,
+    _cast_meta,
+)

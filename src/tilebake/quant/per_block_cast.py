@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -267,16 +268,6 @@ def per_block_cast_with_precomputed_sf(
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace per_block_cast; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "per_block_cast(Tensor x, str fmt, int bm, int bk, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
-    " -> (Tensor, Tensor)"
-)
-_lib.define(
-    "per_block_cast_out(Tensor x, str fmt, int bm, int bk, bool round_sf, bool packed_ue8m0,"
-    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()"
-)
-
 
 def _op_impl(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
     data, sf = per_block_cast(x, fmt, (bm, bk), col_major_sf, round_sf, packed_ue8m0)
@@ -313,8 +304,15 @@ def _compiled_path(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0, data, s
     return data, sf
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_block_cast", _op_impl, _key)
-    _lib.impl("per_block_cast_out", _op_out_impl, _key)
-_lib.impl("per_block_cast", _meta, "Meta")
-_lib.impl("per_block_cast_out", _meta_out, "Meta")
+register(
+    "per_block_cast(Tensor x, str fmt, int bm, int bk, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
+register(
+    "per_block_cast_out(Tensor x, str fmt, int bm, int bk, bool round_sf, bool packed_ue8m0,"
+    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()",
+    _op_out_impl,
+    _meta_out,
+)

@@ -13,6 +13,7 @@ import itertools
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -174,13 +175,6 @@ def per_channel_cast(
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace per_channel_cast; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define("per_channel_cast(Tensor x, int npt, bool round_sf, bool packed_ue8m0) -> (Tensor, Tensor)")
-_lib.define(
-    "per_channel_cast_quantized(Tensor data, Tensor sf, int npt, int npc, bool round_sf, bool packed_ue8m0)"
-    " -> (Tensor, Tensor)"
-)
-
 
 def _op_impl(x, npt, round_sf, packed_ue8m0):
     data, sf = per_channel_cast(x, "e4m3", npt, round_sf, None, packed_ue8m0)
@@ -202,12 +196,14 @@ def _meta(x, npt, round_sf, packed_ue8m0, *_):
     return x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn), sf
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_channel_cast", _op_impl, _key)
-    _lib.impl("per_channel_cast_quantized", _op_quantized_impl, _key)
-_lib.impl("per_channel_cast", _meta, "Meta")
-_lib.impl(
-    "per_channel_cast_quantized",
+register(
+    "per_channel_cast(Tensor x, int npt, bool round_sf, bool packed_ue8m0) -> (Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
+register(
+    "per_channel_cast_quantized(Tensor data, Tensor sf, int npt, int npc, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)",
+    _op_quantized_impl,
     lambda data, sf, npt, npc, round_sf, packed_ue8m0: _meta(data, npt, round_sf, packed_ue8m0),
-    "Meta",
 )

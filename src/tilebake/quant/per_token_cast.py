@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -558,16 +559,6 @@ def per_token_cast_with_precomputed_sf(
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "per_token_cast(Tensor x, int num_per_channels, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
-    " -> (Tensor, Tensor)"
-)
-_lib.define(
-    "per_token_cast_out(Tensor x, int num_per_channels, bool round_sf, bool packed_ue8m0,"
-    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()"
-)
-
 
 def _op_impl(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
     data, sf = per_token_cast(
@@ -587,11 +578,6 @@ def _op_out_impl(x, num_per_channels, round_sf, packed_ue8m0, out_data, out_sf):
     )
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_token_cast", _op_impl, _key)
-    _lib.impl("per_token_cast_out", _op_out_impl, _key)
-
-
 # Shape functions as Meta kernels (what torch.compile's fake tensors run): registering
 # them costs nothing at import, where register_fake spends ~2 ms each reading source.
 def _meta(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
@@ -604,8 +590,18 @@ def _meta_out(x, num_per_channels, round_sf, packed_ue8m0, out_data, out_sf):
     return None
 
 
-_lib.impl("per_token_cast", _meta, "Meta")
-_lib.impl("per_token_cast_out", _meta_out, "Meta")
+register(
+    "per_token_cast(Tensor x, int num_per_channels, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
+    " -> (Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
+register(
+    "per_token_cast_out(Tensor x, int num_per_channels, bool round_sf, bool packed_ue8m0,"
+    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()",
+    _op_out_impl,
+    _meta_out,
+)
 
 
 def _compiled_path(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0, data, sf):

@@ -13,6 +13,7 @@ import itertools
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -105,10 +106,8 @@ def per_token_cast_and_cast_back(
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "per_token_cast_and_cast_back(Tensor(a!) x, str fmt, int num_per_channels, bool round_sf, bool use_e4m3_sf) -> ()"
+register(
+    "per_token_cast_and_cast_back(Tensor(a!) x, str fmt, int num_per_channels, bool round_sf, bool use_e4m3_sf) -> ()",
+    per_token_cast_and_cast_back,
+    lambda x, fmt, npc, round_sf, use_e4m3_sf: None,
 )
-for _key in ("CPU", "CUDA"):
-    _lib.impl("per_token_cast_and_cast_back", per_token_cast_and_cast_back, _key)
-_lib.impl("per_token_cast_and_cast_back", lambda x, fmt, npc, round_sf, use_e4m3_sf: None, "Meta")

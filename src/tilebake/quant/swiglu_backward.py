@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -301,17 +302,6 @@ def swiglu_backward_and_per_token_cast(
 # The ops always return weight_grad and act_out (empty when not asked for), so their schemas
 # have a fixed arity; the public functions drop them again.
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "swiglu_backward(Tensor x, Tensor act_x_grad, str fmt, Tensor? psum, Tensor? topk_weights,"
-    " float? routed_scaling_factor, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor)"
-)
-_lib.define(
-    "swiglu_backward_and_per_token_cast(Tensor x_data, Tensor x_sf, Tensor act_x_grad, int num_per_channels,"
-    " Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor, bool col_major_sf, bool round_sf,"
-    " bool packed_ue8m0, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
-)
-
 
 def _fill_optional(outs: tuple, g: torch.Tensor, topk_weights, do_recompute) -> tuple:
     """(weight_grad, act_out) from a public result's tail, fresh empty tensors where absent."""
@@ -331,11 +321,6 @@ def _op_cast_impl(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, 
         (data, x_sf), g, "e4m3", npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute
     )
     return (outs[0], *outs[1], *_fill_optional(outs[2:], g, topk_weights, do_recompute))
-
-
-for _key in ("CPU", "CUDA"):
-    _lib.impl("swiglu_backward", _op_impl, _key)
-    _lib.impl("swiglu_backward_and_per_token_cast", _op_cast_impl, _key)
 
 
 # Shape functions as Meta kernels (what torch.compile's fake tensors run).
@@ -358,5 +343,16 @@ def _meta_cast(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, pac
     return (x_grad, q, sf, *_meta_optional(g, topk_weights, do_recompute))
 
 
-_lib.impl("swiglu_backward", _meta, "Meta")
-_lib.impl("swiglu_backward_and_per_token_cast", _meta_cast, "Meta")
+register(
+    "swiglu_backward(Tensor x, Tensor act_x_grad, str fmt, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
+register(
+    "swiglu_backward_and_per_token_cast(Tensor x_data, Tensor x_sf, Tensor act_x_grad, int num_per_channels,"
+    " Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor, bool col_major_sf, bool round_sf,"
+    " bool packed_ue8m0, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _op_cast_impl,
+    _meta_cast,
+)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from tilebake import config
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -306,17 +307,6 @@ def swiglu_forward_and_per_token_cast(
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "swiglu_forward(Tensor x, str fmt, Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor,"
-    " float? clamp_value, Tensor(a!)? clamped_count) -> Tensor"
-)
-_lib.define(
-    "swiglu_forward_and_per_token_cast(Tensor x, int num_per_channels, Tensor? psum, Tensor? topk_weights,"
-    " float? routed_scaling_factor, bool col_major_sf, bool round_sf, bool packed_ue8m0, float? clamp_value,"
-    " Tensor(a!)? clamped_count) -> (Tensor, Tensor)"
-)
-
 
 def _op_impl(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
     return swiglu_forward(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
@@ -326,11 +316,6 @@ def _op_cast_impl(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, pac
     return swiglu_forward_and_per_token_cast(
         x, "e4m3", npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count
     )
-
-
-for _key in ("CPU", "CUDA"):
-    _lib.impl("swiglu_forward", _op_impl, _key)
-    _lib.impl("swiglu_forward_and_per_token_cast", _op_cast_impl, _key)
 
 
 # Shape functions as Meta kernels (what torch.compile's fake tensors run).
@@ -344,5 +329,16 @@ def _meta_cast(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed
     return data, alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col_major_sf)
 
 
-_lib.impl("swiglu_forward", _meta, "Meta")
-_lib.impl("swiglu_forward_and_per_token_cast", _meta_cast, "Meta")
+register(
+    "swiglu_forward(Tensor x, str fmt, Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor,"
+    " float? clamp_value, Tensor(a!)? clamped_count) -> Tensor",
+    _op_impl,
+    _meta,
+)
+register(
+    "swiglu_forward_and_per_token_cast(Tensor x, int num_per_channels, Tensor? psum, Tensor? topk_weights,"
+    " float? routed_scaling_factor, bool col_major_sf, bool round_sf, bool packed_ue8m0, float? clamp_value,"
+    " Tensor(a!)? clamped_count) -> (Tensor, Tensor)",
+    _op_cast_impl,
+    _meta_cast,
+)

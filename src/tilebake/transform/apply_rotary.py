@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, i64, ptr
 
@@ -210,12 +211,6 @@ def _launch(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
 
-_lib = torch.library.Library("tilebake", "FRAGMENT")
-_lib.define(
-    "apply_rotary(Tensor(a!) query, Tensor cos_sin_cache, Tensor(b!)? key, Tensor? positions, bool interleaved,"
-    " bool conjugate, int seqlen_offset) -> ()"
-)
-
 
 def _op_impl(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset):
     apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
@@ -225,6 +220,9 @@ def _meta(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_o
     return None
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("apply_rotary", _op_impl, _key)
-_lib.impl("apply_rotary", _meta, "Meta")
+register(
+    "apply_rotary(Tensor(a!) query, Tensor cos_sin_cache, Tensor(b!)? key, Tensor? positions, bool interleaved,"
+    " bool conjugate, int seqlen_offset) -> ()",
+    _op_impl,
+    _meta,
+)
