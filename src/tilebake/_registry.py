@@ -1,49 +1,36 @@
-"""Every op's variant declaration, in one list: what the build lowers and the manifest holds."""
+"""Every op's variant declaration, in one list: what the build lowers and the manifest holds.
 
-from tilebake.moe.expand_to_fused import ExpandToFusedVariant
-from tilebake.moe.get_fused_mapping import GetFusedMappingVariant
-from tilebake.moe.moe_topk_gate_backward import MoeTopkGateBackwardVariant
-from tilebake.moe.moe_topk_gate_forward import MoeTopkGateForwardVariant
-from tilebake.moe.normalize_weight import NormalizeWeightVariant
-from tilebake.moe.reduce_fused import ReduceFusedVariant
-from tilebake.moe.topk_gate import TopkGateVariant
-from tilebake.quant.batched_transpose_weight_sf import BatchedTransposeWeightSfVariant
-from tilebake.quant.cast import CastVariant
-from tilebake.quant.cast_back import CastBackVariant
-from tilebake.quant.norm_backward import NormBackwardVariant
-from tilebake.quant.norm_forward import NormForwardCastVariant, NormForwardVariant
-from tilebake.quant.per_block_cast import PerBlockCastVariant
-from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessVariant
-from tilebake.quant.per_channel_cast import PerChannelCastVariant
-from tilebake.quant.per_token_cast import PerTokenCastVariant
-from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
-from tilebake.quant.swiglu_backward import SwigluBackwardVariant
-from tilebake.quant.swiglu_forward import SwigluForwardVariant
-from tilebake.transform.apply_rotary import ApplyRotaryVariant
+Nothing here names an op: the Variant subclasses declared in the op packages' modules
+(tilebake/<family>/<op>.py) register themselves (tilebake._variants.DECLARED); this module
+imports those modules and sorts the declarations by family, then op, so the order (the build's
+op numbering, `aot.py list`) does not depend on import order. The manifest sorts its keys anyway.
+"""
 
-VARIANT_TYPES = (
-    PerTokenCastVariant,
-    CastBackVariant,
-    PerTokenCastAndCastBackVariant,
-    CastVariant,
-    PerBlockCastVariant,
-    PerChannelCastVariant,
-    PerBlockCastLosslessVariant,
-    BatchedTransposeWeightSfVariant,
-    NormForwardVariant,
-    NormForwardCastVariant,
-    NormBackwardVariant,
-    SwigluForwardVariant,
-    SwigluBackwardVariant,
-    ApplyRotaryVariant,
-    TopkGateVariant,
-    NormalizeWeightVariant,
-    MoeTopkGateBackwardVariant,
-    GetFusedMappingVariant,
-    ExpandToFusedVariant,
-    ReduceFusedVariant,
-    MoeTopkGateForwardVariant,
-)
+import importlib
+import pkgutil
+
+from tilebake._variants import DECLARED
+
+FAMILIES = ("moe", "quant", "transform")
+
+
+def _declared_types() -> tuple:
+    for family in FAMILIES:
+        package = importlib.import_module(f"tilebake.{family}")
+        for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+            if not module.startswith("_"):  # _common and friends hold no variants
+                importlib.import_module(f"tilebake.{family}.{module}")
+    # Only the package's own declarations (a test may declare a Variant of its own).
+    ours = [cls for cls in DECLARED if cls.__module__.startswith("tilebake.")]
+    ours.sort(key=lambda cls: (cls.family, cls.op))
+    ops = [cls.op for cls in ours]
+    duplicates = sorted({op for op in ops if ops.count(op) > 1})
+    if duplicates:
+        raise RuntimeError(f"ops declared by more than one Variant class: {duplicates}")
+    return tuple(ours)
+
+
+VARIANT_TYPES = _declared_types()
 
 
 def all_variants():

@@ -42,6 +42,10 @@ def i64(*names: str) -> tuple[Param, ...]:
 def f32(*names: str) -> tuple[Param, ...]:
     return tuple(Param(n, "float32") for n in names)
 
+# Every Variant subclass that declares an op, in definition order (tilebake._registry imports
+# the op packages and sorts them): declaring a Variant is all it takes for the build to see it.
+DECLARED: list[type[Variant]] = []
+
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
@@ -61,6 +65,11 @@ class Variant:
     @property
     def arg_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params())
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "op" in cls.__dict__:
+            DECLARED.append(cls)
 
     @property
     def id(self) -> str:
