@@ -102,7 +102,7 @@ class _Capture(dict):
 
 def _call(kernels, logits, k, use_shared, num_shared, func, opts, scores=None, groups=(1, 1)):
     from tilebake.moe import moe_topk_gate_forward as op
-    from tilebake.torch.gate import check_gate_args
+    from tilebake.moe._router import check_gate_args
 
     names = ("mask", "bias", "image_bias", "image_token_mask", "fix_routing_mask", "to_physical_map",
              "logical_count", "unmapped_topk_idx", "force_random")  # fmt: skip

@@ -13,7 +13,9 @@ warp-uniform branch.
 import tilelang.language as T
 
 from kernels_tl.quant.common import fmix32
-from tilebake.moe.moe_topk_gate_forward import DRAWS_PER_SLOT, FLAG_FIX, FLAG_IMAGE, FLAG_MASK, FLAG_RANDOM, GOLDEN
+from tilebake._hash import GOLDEN
+from tilebake.moe._router import DRAWS_PER_SLOT
+from tilebake.moe.moe_topk_gate_forward import FLAG_FIX, FLAG_IMAGE, FLAG_MASK, FLAG_RANDOM
 
 FULL = 0xFFFFFFFF  # every lane of the warp
 NONE = 0xFFFFFFFF  # the id of no expert (larger than every expert, so redux.min skips it)

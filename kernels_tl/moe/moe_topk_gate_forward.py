@@ -42,13 +42,13 @@ from kernels_tl.moe.gate_parts import (
     top2_merge_xor,
     write_outputs,
 )
+from tilebake.moe._router import PHYSICAL_STRIDE
 from tilebake.moe.moe_topk_gate_forward import (
     FAST_MAX_EXPERTS,
     FLAG_BIAS,
     FLAG_MAP,
     FLAG_SCORES,
     FLAG_UNMAPPED,
-    PHYSICAL_STRIDE,
     MoeTopkGateForwardVariant,
 )
 

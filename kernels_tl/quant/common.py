@@ -4,6 +4,8 @@ import dataclasses
 
 import tilelang.language as T
 
+from tilebake._hash import GOLDEN, SR_OFFSET
+
 
 def per_token_sf_buffer(num_tokens, hidden, num_per_channels: int, packed_ue8m0: bool):
     """The scale-factor tensor of a per-token (1 x num_per_channels) quantisation, as
@@ -180,13 +182,11 @@ def fmix32(h):
 # Stochastic rounding (SR) draws 16 random bits per element (the precision of NVIDIA's cvt.rs):
 # one hash per PAIR of elements (flat indices 2p, 2p + 1), the even element taking the low half,
 # the odd one the high half. The hash is MurmurHash3's fmix32 with the key xored in after its
-# first xorshift: h = w ^ (w >> 16) ^ (p * SR_GOLDEN + SR_OFFSET), then fmix32's two
+# first xorshift: h = w ^ (w >> 16) ^ (p * GOLDEN + SR_OFFSET) (tilebake._hash), then fmix32's two
 # multiply-xorshift rounds, w being the pair's value word (sr_pair_word of their fp32 bit
 # patterns). Equal inputs give equal bits (deterministic, no RNG state) and the arithmetic is
 # integer-only (sm_90a and sm_100a give the same bytes). Keying after the first xorshift saves
 # the key's own shift: 9 SASS instructions per pair of bf16 values.
-SR_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio
-SR_OFFSET = 0x7F4A7C15
 
 
 def sr_pair_word(bits0, bits1):
@@ -200,10 +200,10 @@ def sr_pair_word(bits0, bits1):
 def sr_random_pair_into(h, word, pair_index):
     """h[0] (a T.alloc_local((1,), "uint32") register) = the random bits of elements 2p
     (h & 0xFFFF) and 2p + 1 (h >> 16), p = pair_index mod 2^32: word ^ (word >> 16) ^
-    (p * SR_GOLDEN + SR_OFFSET), then x *= 0x85EBCA6B, x ^= x >> 13, x *= 0xC2B2AE35,
+    (p * GOLDEN + SR_OFFSET), then x *= 0x85EBCA6B, x ^= x >> 13, x *= 0xC2B2AE35,
     x ^= x >> 16. One step per statement (no expression blow-up);
     tilebake.torch.stochastic.sr_random_bits is the reference."""
-    h[0] = T.cast(pair_index, "uint32") * T.uint32(SR_GOLDEN) + T.uint32(SR_OFFSET)
+    h[0] = T.cast(pair_index, "uint32") * T.uint32(GOLDEN) + T.uint32(SR_OFFSET)
     h[0] = h[0] ^ word ^ T.shift_right(word, T.uint32(16))
     h[0] = h[0] * T.uint32(0x85EBCA6B)
     h[0] = h[0] ^ T.shift_right(h[0], T.uint32(13))

@@ -504,7 +504,7 @@ def test_variants():
     ids = [v.id for v in MoeTopkGateForwardVariant.all()]
     assert len(ids) == 9 and len(set(ids)) == 9
     assert [expert_bound(n) for n in (1, 256, 257, 512, 513, 8192)] == [256, 256, 512, 512, 8192, 8192]
-    assert EXPERT_BOUNDS[-1] == tilebake.torch.gate.MAX_EXPERTS
+    assert EXPERT_BOUNDS[-1] == tilebake.moe._router.MAX_EXPERTS
 
 
 # ---------------------------------------------------------------- GPU: kernel vs reference
@@ -670,11 +670,17 @@ def test_gpu_torch_compile_fullgraph():
 def test_constants_agree_with_the_reference_and_names_stay_functions():
     import importlib
 
+    from tilebake._hash import GOLDEN
+    from tilebake.moe import _router
     from tilebake.torch import gate, topk
 
+    # One home (tilebake.moe._router): the op, its kernels and the reference share the objects.
     mod = importlib.import_module("tilebake.moe.moe_topk_gate_forward")
-    assert mod.SCORING_FUNCS == topk.SCORING_FUNCS
-    assert (mod.DRAWS_PER_SLOT, mod.PHYSICAL_STRIDE) == (gate.DRAWS_PER_SLOT, gate.PHYSICAL_STRIDE)
+    assert mod.SCORING_FUNCS is topk.SCORING_FUNCS is _router.SCORING_FUNCS
+    assert mod.check_gate_args is gate.check_gate_args is _router.check_gate_args
+    assert (gate.DRAWS_PER_SLOT, gate.PHYSICAL_STRIDE, gate.GOLDEN) == (64, 23333, 0x9E3779B9) == (
+        _router.DRAWS_PER_SLOT, _router.PHYSICAL_STRIDE, GOLDEN
+    )  # fmt: skip
     assert callable(tilebake.moe.moe_topk_gate_forward) and tilebake.moe.moe_topk_gate_forward.__name__ == (
         "moe_topk_gate_forward"
     )

@@ -90,7 +90,7 @@ def kernels(tmp_path_factory):
 def emulated(kernels):
     def run(logits, num_topk, use_shared, num_shared, rsf, ep_rank, func="sqrtsoftplus", *, num_groups=1,
             num_topk_groups=1, out=None, scores=None, **opts):  # fmt: skip
-        from tilebake.torch.gate import check_gate_args
+        from tilebake.moe._router import check_gate_args
 
         names = ("mask", "bias", "image_bias", "image_token_mask", "fix_routing_mask", "to_physical_map",
                  "logical_count", "unmapped_topk_idx", "force_random")  # fmt: skip

@@ -14,21 +14,16 @@ import torch
 from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.moe._router import MAX_EXPERTS, SCORING_FUNCS, check_gate_args
 
 __all__ = ["moe_topk_gate", "moe_topk_gate_forward"]
 
-# As tilebake.torch.gate (the reference; this module imports it on first call, so that loading the
-# op costs no import of the references package).
-SCORING_FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
-DRAWS_PER_SLOT = 64  # random_experts: hashed draws per slot before the smallest free expert
-PHYSICAL_STRIDE = 23333  # the duplicate of expert e for token t: (ep_rank + t * 23333) % count[e]
-GOLDEN = 0x9E3779B9  # random_experts' draw increment
 # bits of the kernel's `flags` argument: which optional tensors are present
 FLAG_MASK, FLAG_BIAS, FLAG_IMAGE, FLAG_FIX = 1, 2, 4, 8
 FLAG_MAP, FLAG_UNMAPPED, FLAG_RANDOM, FLAG_SCORES = 16, 32, 64, 128
 # Expert bounds of the built kernels: one warp per token up to FAST_MAX_EXPERTS (a lane holds
 # max_experts / 32 experts in registers), one CTA per token above (up to MAX_EXPERTS).
-EXPERT_BOUNDS = (256, 512, 8192)
+EXPERT_BOUNDS = (256, 512, MAX_EXPERTS)
 FAST_MAX_EXPERTS = 512
 
 
@@ -149,8 +144,6 @@ def moe_topk_gate_forward(
         (topk_idx int64 (T, num_topk + shared), topk_weights fp32 (T, num_topk + shared)). CPU
         tensors take the reference path (tilebake.torch.moe_topk_gate_forward_ref).
     """
-    from tilebake.torch.gate import check_gate_args
-
     num_tokens, num_experts, k, shared = check_gate_args(
         logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
         mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,

@@ -7,7 +7,7 @@ element takes 16 random bits (the precision of NVIDIA's cvt.rs), so that probabi
 to 2^-16 (truncated: at most 2^-16 of a gap too low; exact for bf16 -> e4m3 and fp32 -> bf16).
 The bits come from one hash per pair of elements (flat positions 2p, 2p + 1: the even one takes
 the low half, the odd one the high half): MurmurHash3's fmix32 of the pair's value word with the
-key p * SR_GOLDEN + SR_OFFSET xored in after its first xorshift (sr_random_bits), so
+key p * GOLDEN + SR_OFFSET (tilebake._hash) xored in after its first xorshift (sr_random_bits), so
 equal inputs give equal outputs on every device (no RNG state), and the arithmetic is
 integer-only (plus exact power-of-two scalings and, on the GPU, the exact satfinite e4m3
 conversion of a representable value), so sm_90a (which has no cvt.rs) and sm_100a produce the
@@ -31,6 +31,8 @@ from typing import Optional
 
 import torch
 
+from tilebake._hash import GOLDEN, SR_OFFSET
+
 __all__ = [
     "fmix32",
     "sr_random_bits",
@@ -42,8 +44,6 @@ __all__ = [
 ]
 
 _M32 = 0xFFFFFFFF
-SR_GOLDEN = 0x9E3779B9  # as kernels_tl.quant.common
-SR_OFFSET = 0x7F4A7C15
 
 
 def fmix32(h: torch.Tensor) -> torch.Tensor:
@@ -72,7 +72,7 @@ def sr_random_bits(value_bits: torch.Tensor, index: torch.Tensor) -> torch.Tenso
     consecutive positions 2k, 2k + 1 are a pair: index[2k] even and index[2k + 1] = index[2k] + 1).
 
     Pair p = index[2k] / 2 mod 2^31 has the value word w = rotr(bits_2k, 16) ^ bits_2k+1 (for bf16
-    values: the packed pair); h = w ^ (w >> 16) ^ (p * SR_GOLDEN + SR_OFFSET mod 2^32), then
+    values: the packed pair); h = w ^ (w >> 16) ^ (p * GOLDEN + SR_OFFSET mod 2^32), then
     fmix32's rounds h *= 0x85EBCA6B, h ^= h >> 13, h *= 0xC2B2AE35, h ^= h >> 16 (fmix32 with the
     key xored in after its first xorshift); the even element takes h & 0xFFFF, the odd one
     h >> 16. An odd count pairs the last element with a zero."""
@@ -86,7 +86,7 @@ def sr_random_bits(value_bits: torch.Tensor, index: torch.Tensor) -> torch.Tenso
     v0, v1 = v[0::2], v[1::2]
     word = (((v0 >> 16) | (v0 << 16)) & _M32) ^ v1
     p = (i[0::2] & _M32) >> 1
-    h = word ^ (word >> 16) ^ ((p * SR_GOLDEN + SR_OFFSET) & _M32)
+    h = word ^ (word >> 16) ^ ((p * GOLDEN + SR_OFFSET) & _M32)
     h = (h * 0x85EBCA6B) & _M32
     h = h ^ (h >> 13)
     h = (h * 0xC2B2AE35) & _M32

@@ -4,16 +4,17 @@ DeepSeek-V3 grouped top-k (the oracles for the tilebake.moe kernels; issue 5).
 Selection is a stable descending sort: among equal values the smaller expert index wins, which
 is what the kernels promise ("always return the smaller index when there are ties"). Scores
 must be finite: a NaN has no place in a descending order, so every function here raises
-ValueError naming the argument instead of returning an arbitrary order. Only torch is imported.
+ValueError naming the argument instead of returning an arbitrary order. Only torch (and the
+router's scoring functions, tilebake.moe._router) is imported.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["SCORING_FUNCS", "grouped_topk", "score", "stable_topk"]
+from tilebake.moe._router import SCORING_FUNCS
 
-SCORING_FUNCS = ("sqrtsoftplus", "softmax", "sigmoid")
+__all__ = ["SCORING_FUNCS", "grouped_topk", "score", "stable_topk"]
 
 
 def _check_scores(scores: torch.Tensor, name: str) -> None:
