@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-MANIFEST_VERSION = 1
 LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
@@ -312,6 +311,7 @@ def cmd_manifest(args):
     for vid, per_arch in kernels.items():
         by_op.setdefault(next(iter(per_arch.values()))["op"], {})[vid] = per_arch
     from tilebake import __version__ as tilebake_version
+    from tilebake._runtime.loader import MANIFEST_VERSION  # the version the runtime reads
 
     manifest = {
         "manifest_version": MANIFEST_VERSION,

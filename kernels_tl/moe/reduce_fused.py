@@ -14,6 +14,7 @@ covers ROWS_PER_CTA tokens x COLS_PER_CTA columns, the column tile varying faste
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import TL_DTYPES
 from tilebake.moe.reduce_fused import ReduceFusedVariant
 
 THREADS = 128
@@ -25,11 +26,9 @@ TOPK_BATCH = 4  # slots whose rows are loaded together (a runtime k is walked in
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded per vector
 
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
-
 
 def build(v: ReduceFusedVariant):
-    in_dtype, out_dtype = _DTYPES[v.in_dtype], _DTYPES[v.out_dtype]
+    in_dtype, out_dtype = TL_DTYPES[v.in_dtype], TL_DTYPES[v.out_dtype]
     vec = 8 if v.in_dtype == "bf16" else 4  # input elements in 16 bytes
     num_tokens = T.dynamic("num_tokens")
     num_expanded = T.dynamic("num_expanded")

@@ -13,6 +13,7 @@ import dataclasses
 import tilelang.language as T
 
 from kernels_tl.quant.common import (
+    TL_DTYPES,
     sr_float32_to_bfloat16_bits,
     sr_float32_to_e4m3_value,
     sr_pair_word,
@@ -39,7 +40,7 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded
 
 
 def build(v: CastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     to_bf16 = v.out_dtype == "bf16"
     out_dtype = "uint16" if to_bf16 else "float8_e4m3fn"  # bf16 as its bit patterns
     THREADS, G = cfg.threads, cfg.groups_per_thread

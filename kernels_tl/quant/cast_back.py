@@ -16,7 +16,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1x8_bf16x2, e2m1x8_word, ue8m0_to_float32
+from kernels_tl.quant.common import TL_DTYPES, e2m1x8_bf16x2, e2m1x8_word, ue8m0_to_float32
 from tilebake.quant.cast_back import CastBackVariant
 
 
@@ -53,7 +53,7 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # accesses are guarded
 
 
 def build(v: CastBackVariant, cfg: LaunchConfig = None):
-    out_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.out_dtype]
+    out_dtype = TL_DTYPES[v.out_dtype]
     e2m1 = v.in_fmt == "e2m1"
     cfg = cfg or (DEFAULT_CONFIG_E2M1 if e2m1 else DEFAULT_CONFIG)
     ept = cfg.elems_per_thread
@@ -76,7 +76,7 @@ def build(v: CastBackVariant, cfg: LaunchConfig = None):
         sf_shape, sf_strides, sf_dtype = (sf_d0, sf_d1, 4), (sf_stride_0, sf_stride_1, 1), "uint8"
     else:
         sf_shape, sf_strides = (sf_d0, sf_d1), (sf_stride_0, sf_stride_1)
-        sf_dtype = {"fp32": "float32", "e4m3": "float8_e4m3fn"}[v.sf_kind]
+        sf_dtype = TL_DTYPES[v.sf_kind]
 
     def load_sf(S, rb, cb):
         """The fp32 scale of SF block (rb, cb)."""

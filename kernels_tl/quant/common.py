@@ -6,6 +6,9 @@ import tilelang.language as T
 
 from tilebake._hash import GOLDEN, SR_OFFSET
 
+# Format name -> TileLang dtype (e2m1: the packed bytes, two codes each): the one table.
+TL_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn", "e2m1": "uint8"}
+
 
 def per_token_sf_buffer(num_tokens, hidden, num_per_channels: int, packed_ue8m0: bool):
     """The scale-factor tensor of a per-token (1 x num_per_channels) quantisation, as

@@ -16,6 +16,8 @@ masked (the host checks hidden % 32 == 0).
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import TL_DTYPES
+
 THREADS = 256
 VEC = 8  # 16 B of bf16, 32 B of fp32
 PASS = THREADS * VEC  # 2048 elements
@@ -32,11 +34,9 @@ CTAS_PER_SM = {"bf16": 2, "fp32": 1}
 # split each 16-byte access into scalar ones.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-
 
 def build(v):
-    in_dtype = _DTYPES[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
     has_weight, has_rog = v.has_weight, v.has_residual_grad
 

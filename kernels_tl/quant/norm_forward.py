@@ -25,6 +25,7 @@ import dataclasses
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import TL_DTYPES
 from tilebake.quant.norm_forward import MAX_HIDDEN  # the host's limit on hidden
 
 
@@ -67,8 +68,6 @@ def candidate_configs():
 # split each 16-byte access into scalar ones.
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-
 
 def row_strides(name: str):
     """Runtime (batch, row) strides of a (batch, num_tokens, hidden) tensor, last dim contiguous."""
@@ -81,7 +80,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
-    in_dtype = _DTYPES[in_dtype_name]
+    in_dtype = TL_DTYPES[in_dtype_name]
     align = 16 // (2 if in_dtype_name == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
 
     st = {name: row_strides(name) for name in ("x", "residual", "residual_out", "out")}

@@ -29,7 +29,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent, pow2_sf
+from kernels_tl.quant.common import TL_DTYPES, pow2_inverse, pow2_scale_exponent, pow2_sf
 from kernels_tl.quant.norm_forward import PASS_CONFIGS, row_strides
 from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
 
@@ -41,7 +41,6 @@ VEC = 8
 PASS = THREADS * VEC
 PASSES = -(-MAX_HIDDEN // PASS)
 WARPS = THREADS // 32
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +68,7 @@ def build(v, cfg: LaunchConfig | None = None):
     """The kernel of a NormForwardCastVariant (cfg: tuning only, bench/tune_norm.py)."""
     MIN_CTAS = (cfg or default_config(v.in_dtype, v.has_residual)).min_ctas
     has_weight, has_residual, quant_npc = v.has_weight, v.has_residual, v.num_per_channels
-    in_dtype = _DTYPES[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
     lanes = quant_npc // VEC  # consecutive lanes sharing one SF group
     assert 1 <= lanes <= 32 and lanes & (lanes - 1) == 0, (quant_npc, VEC)

@@ -23,7 +23,7 @@ row-major / TMA-aligned column-major SF share one binary.
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_code, pow2_inverse, pow2_scale_exponent
+from kernels_tl.quant.common import TL_DTYPES, e2m1_code, pow2_inverse, pow2_scale_exponent
 from tilebake.quant.per_block_cast import PerBlockCastVariant
 
 THREADS = 256
@@ -38,7 +38,7 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
 def build(v: PerBlockCastVariant):
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
     bm, bk = v.block_m, v.block_k
     e2m1 = v.fmt == "e2m1"

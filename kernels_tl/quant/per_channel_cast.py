@@ -23,7 +23,7 @@ SF's layout (fp32 or packed UE8M0, any byte strides) and num_per_channels.
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import pow2_inverse, pow2_scale_exponent
+from kernels_tl.quant.common import TL_DTYPES, pow2_inverse, pow2_scale_exponent
 from tilebake.quant.per_channel_cast import PerChannelCastVariant
 
 THREADS = 128
@@ -37,7 +37,7 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 def build(v: PerChannelCastVariant):
     quantized = v.in_dtype == "e4m3"
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // {"bf16": 2, "fp32": 4, "e4m3": 1}[v.in_dtype]
     npt = v.num_per_tokens
     threads_per_row = 8 if npt == 128 else 16

@@ -20,6 +20,7 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import (
     SR_E4M3_PRESCALE_MIN,
+    TL_DTYPES,
     e2m1_code,
     e2m1_value,
     per_token_sf_buffer,
@@ -44,6 +45,7 @@ from tilebake.quant.per_token_cast import (  # runtime codes of sf_mode and x_sf
     X_SF_UE8M0,
     PerTokenCastVariant,
 )
+from tilebake.utils import FMT_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +103,7 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
         return build_e2m1_rne(v, E2M1_CONFIG if cfg is DEFAULT_CONFIG else cfg)
     assert v.fmt == "e4m3" and v.in_dtype in ("bf16", "fp32"), v
     round_sf, packed_ue8m0 = v.sf_mode in ("round", "ue8m0"), v.sf_mode == "ue8m0"
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     vec = cfg.elems_per_thread or 16 // (2 if v.in_dtype == "bf16" else 4)
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
     npc = v.num_per_channels
@@ -225,7 +227,7 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
     reference is tilebake.torch.cast(..., stochastic_rounding=True).
     """
     quantized = v.in_dtype in ("e4m3", "e2m1")
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn", "e2m1": "uint8"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     vec = 16  # logical elements a thread owns per row
     in_vec = vec // 2 if v.in_dtype == "e2m1" else vec  # storage elements they occupy
     out_vec = vec // 2 if v.fmt == "e2m1" else vec
@@ -238,7 +240,7 @@ def build_runtime_sf(v: PerTokenCastVariant, cfg: LaunchConfig = RUNTIME_CONFIG)
     rows_per_pass = THREADS // THREADS_PER_ROW
     rows_per_cta = rows_per_pass * ROWS_PER_THREAD
     cols_per_cta = THREADS_PER_ROW * vec
-    fmt_max = {"e4m3": 448.0, "e2m1": 6.0}[v.fmt]
+    fmt_max = FMT_MAX[v.fmt]
 
     num_tokens = T.dynamic("num_tokens")
     hidden = T.dynamic("hidden")  # logical
@@ -433,7 +435,7 @@ def build_e2m1_rne(v: PerTokenCastVariant, cfg: LaunchConfig = E2M1_CONFIG):
     rarer options (quantized input, SF only, a precomputed SF, stochastic rounding) and the
     registers they hold."""
     assert v.fmt == "e2m1" and v.in_dtype in ("bf16", "fp32") and v.sf_mode == "rne", v
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     vec = 16  # elements a thread owns per row: 8 output bytes
     out_vec = vec // 2
     x_align = 16 // (2 if v.in_dtype == "bf16" else 4)

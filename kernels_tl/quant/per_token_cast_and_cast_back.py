@@ -14,7 +14,14 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.quant.common import e2m1_code, e2m1_decode_float32, pow2_inverse, pow2_scale_exponent, pow2_sf
+from kernels_tl.quant.common import (
+    TL_DTYPES,
+    e2m1_code,
+    e2m1_decode_float32,
+    pow2_inverse,
+    pow2_scale_exponent,
+    pow2_sf,
+)
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackVariant
 
 
@@ -46,7 +53,7 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
 def build(v: PerTokenCastAndCastBackVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
-    in_dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.in_dtype]
+    in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)
     vec = cfg.elems_per_thread
     npc = v.num_per_channels

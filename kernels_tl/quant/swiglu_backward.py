@@ -29,6 +29,7 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import (
     FAST_DIV_MAX_ABS_X,
+    TL_DTYPES,
     GroupScale,
     div_rn_into,
     group_scale_into,
@@ -47,15 +48,14 @@ SUB = 4  # the paired loop computes a pass's VEC columns in chunks of SUB (regis
 # most 16 bytes spilled); fp32 grads need 8 (128 registers, no spills); fp32 x keeps 1.
 MIN_CTAS_PER_SM = {("bf16", "bf16"): 10, ("e4m3", "bf16"): 10, ("e4m3", "fp32"): 8, ("fp32", "fp32"): 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 FLT_MAX = 3.4028234663852886e38
 _ALIGN = {"bf16": 8, "fp32": 4, "e4m3": 16}  # elements in 16 bytes
 
 
 def build(v: SwigluBackwardVariant):
-    in_dtype = _DTYPES[v.in_dtype]
-    grad_dtype = _DTYPES[v.grad_dtype]
-    out_dtype = _DTYPES[v.out_fmt]
+    in_dtype = TL_DTYPES[v.in_dtype]
+    grad_dtype = TL_DTYPES[v.grad_dtype]
+    out_dtype = TL_DTYPES[v.out_fmt]
     quantized_in = v.in_dtype == "e4m3"
     quantize = v.num_per_channels > 0
     npc = max(v.num_per_channels, 16)

@@ -28,6 +28,7 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import (
     FAST_DIV_MAX_ABS_X,
+    TL_DTYPES,
     GroupScale,
     div_rn_into,
     group_scale_into,
@@ -45,12 +46,11 @@ VEC = 16  # output columns per thread per pass
 MIN_CTAS_PER_SM = {"bf16": 10, "fp32": 1}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector below
 FLT_MAX = 3.4028234663852886e38
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "e4m3": "float8_e4m3fn"}
 
 
 def build(v: SwigluForwardVariant):
-    in_dtype = _DTYPES[v.in_dtype]
-    out_dtype = _DTYPES[v.out_fmt]
+    in_dtype = TL_DTYPES[v.in_dtype]
+    out_dtype = TL_DTYPES[v.out_fmt]
     quantize = v.out_fmt == "e4m3"
     npc = max(v.num_per_channels, VEC)  # the plain variants have no SF (and no S parameter)
     lanes = npc // VEC if quantize else 1

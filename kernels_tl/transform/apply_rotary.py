@@ -28,6 +28,7 @@ import dataclasses
 
 import tilelang.language as T
 
+from kernels_tl.quant.common import TL_DTYPES
 from tilebake.transform.apply_rotary import ApplyRotaryVariant
 
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # every access is guarded per vector
@@ -56,7 +57,7 @@ def rotate_pair(x1, x2, c, s):
 def build(v: ApplyRotaryVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
     TOKENS_PER_CTA, UNROLL = cfg.tokens_per_cta, cfg.unroll
     THREADS = 32 * TOKENS_PER_CTA
-    dtype = {"bf16": "bfloat16", "fp32": "float32"}[v.dtype]
+    dtype = TL_DTYPES[v.dtype]
     rot = v.rot_dim
     half = rot // 2
     vec = 16 // (2 if v.dtype == "bf16" else 4)  # elements in a 16-byte vector

@@ -21,7 +21,14 @@ def next_power_of_two(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+# Format names and torch dtypes: the one table (e2m1 travels packed, two codes to an int8 byte).
 _FORMATS = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e2m1": torch.int8}
+# dtype -> format name for the dtypes that name one format alone (an int8 tensor is not always e2m1).
+FORMAT_NAMES = {dtype: fmt for fmt, dtype in _FORMATS.items() if fmt != "e2m1"}
+# The unquantised formats kernels take and return, bf16 first (the order of variants and messages).
+FLOAT_FORMATS = {dtype: FORMAT_NAMES[dtype] for dtype in (torch.bfloat16, torch.float32)}
+# Largest finite magnitude of each quantised format.
+FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
 
 def str_to_dtype(fmt: str) -> torch.dtype:

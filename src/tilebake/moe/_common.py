@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from tilebake.quant._common import NUM_PER_CHANNELS
+from tilebake.utils import ceil_div
+
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
-NUM_PER_CHANNELS = (16, 32, 64, 128)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check_int(value, name: str, low: int) -> int:
@@ -93,14 +91,14 @@ def check_quant_input(x, num_per_channels) -> QuantTensor:
 
 
 def sf_columns(hidden: int, num_per_channels: int, packed: bool) -> int:
-    groups = _ceil_div(hidden, num_per_channels)
-    return _ceil_div(groups, 4) if packed else groups
+    groups = ceil_div(hidden, num_per_channels)
+    return ceil_div(groups, 4) if packed else groups
 
 
 def alloc_fused_sf(like: torch.Tensor, num_rows: int, col_major: bool) -> torch.Tensor:
     cols = like.shape[1]
     if col_major:
-        padded = _ceil_div(num_rows, 4) * 4
+        padded = ceil_div(num_rows, 4) * 4
         return like.new_empty_strided((padded, cols), (1, padded))[:num_rows]
     return like.new_empty((num_rows, cols))
 

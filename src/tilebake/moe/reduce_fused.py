@@ -15,6 +15,7 @@ import torch
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import check_reduce_args
+from tilebake.utils import FORMAT_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,6 @@ class ReduceFusedVariant(Variant):
         return tuple(cls(i, o) for i in ("bf16", "fp32") for o in (i, "e4m3"))
 
 
-_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float8_e4m3fn: "e4m3"}
 _KERNELS = KernelTable(ReduceFusedVariant)
 
 
@@ -110,7 +110,7 @@ def reduce_fused(
             f"out must start at a {vec * out.element_size()}-byte aligned address, got {out.data_ptr():#x}"
         )
     dummy = token_topk_to_pos.data_ptr()  # never read when its flag is 0
-    _KERNELS[_NAMES[data.dtype], _NAMES[out_dtype]](
+    _KERNELS[FORMAT_NAMES[data.dtype], FORMAT_NAMES[out_dtype]](
         data.get_device(),
         data.data_ptr(),
         topk_weights.data_ptr() if topk_weights is not None else dummy,

@@ -9,13 +9,12 @@ from typing import Optional
 
 import torch
 
-from tilebake.utils import align, ceil_div
+from tilebake.utils import FLOAT_FORMATS, align, ceil_div
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
-# The unquantised formats kernels take and return: dtype -> format name, and back.
-FLOAT_FORMATS = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+# The unquantised formats kernels take and return (tilebake.utils.FLOAT_FORMATS): name -> dtype.
 FLOAT_DTYPES = {name: dtype for dtype, name in FLOAT_FORMATS.items()}
-NUM_PER_CHANNELS = (16, 32, 64, 128)
+NUM_PER_CHANNELS = (16, 32, 64, 128)  # per-token SF block widths (1, npc); also of quantized inputs
 
 
 def check_fmt(fmt, allowed: tuple[str, ...], name: str = "fmt") -> None:

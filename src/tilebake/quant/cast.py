@@ -17,6 +17,7 @@ from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import check_aligned
+from tilebake.utils import FORMAT_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,6 @@ class CastVariant(Variant):
         return tuple(cls(*key) for key in (("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")))
 
 
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 _SR_PAIRS = {("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")}
 _KERNELS = KernelTable(CastVariant)
 
@@ -53,10 +53,10 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    src = _NAMES.get(x.dtype)
+    src = FORMAT_NAMES.get(x.dtype)
     if src is None:
         raise TypeError(f"x must be float32, bfloat16 or float8_e4m3fn, got {x.dtype}")
-    dst = _NAMES.get(dtype)
+    dst = FORMAT_NAMES.get(dtype)
     if dst is None:
         raise TypeError(f"dtype must be torch.float32, torch.bfloat16 or torch.float8_e4m3fn, got {dtype!r}")
     if not isinstance(stochastic_rounding, bool):

@@ -18,6 +18,7 @@ from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
+    NUM_PER_CHANNELS,
     QuantTensor,
     check_aligned,
     check_fmt,
@@ -28,7 +29,6 @@ from tilebake.quant._common import (
 from tilebake.utils import ceil_div
 
 NUM_PER_TOKENS = (32, 128)
-NUM_PER_CHANNELS_IN = (16, 32, 64, 128)  # SF blocks (1, npc) of a quantized input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +78,9 @@ def _parse_x(x, num_per_channels):
     data, sf = x
     if data.dtype != torch.float8_e4m3fn:
         raise TypeError(f"x[0] (the data of a QuantTensor) must be torch.float8_e4m3fn, got {data.dtype}")
-    if num_per_channels not in NUM_PER_CHANNELS_IN or isinstance(num_per_channels, bool):
+    if num_per_channels not in NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(
-            f"num_per_channels (the SF block width of the QuantTensor x) must be one of {NUM_PER_CHANNELS_IN}, "
+            f"num_per_channels (the SF block width of the QuantTensor x) must be one of {NUM_PER_CHANNELS}, "
             f"got {num_per_channels!r}"
         )
     return "e4m3", data, sf

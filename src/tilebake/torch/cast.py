@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from tilebake.torch.stochastic import _fp32_bits, sr_float32_to_e2m1_codes, sr_float32_to_e4m3_bits, sr_random_bits
+from tilebake.utils import FMT_MAX, ceil_div
 
 __all__ = [
     "FMT_MAX",
@@ -53,9 +54,6 @@ __all__ = [
 ]
 
 QuantTensor = Tuple[torch.Tensor, torch.Tensor]
-
-#: Largest finite magnitude of each output format.
-FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
 #: Magnitudes of the eight e2m1 codes 0..7 (bit 3 is the sign).
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -122,10 +120,6 @@ def _check_amax_clamp(amax_clamp, fmt: str, use_e4m3_sf: bool) -> float:
     if not (math.isfinite(v) and v > 0.0):
         raise ValueError(f"amax_clamp must be None or a positive finite float, got {amax_clamp!r}")
     return v
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +261,7 @@ def pack_ue8m0(b: torch.Tensor, along_m: bool = False) -> torch.Tensor:
     if along_m:
         return pack_ue8m0(b.t(), along_m=False).t().contiguous()
     R, C = b.shape
-    W = _ceil_div(C, 4)
+    W = ceil_div(C, 4)
     padded = torch.zeros((R, 4 * W), dtype=torch.int64, device=b.device)
     padded[:, :C] = b.to(torch.int64) & 0xFF
     p = padded.view(R, W, 4)
@@ -294,7 +288,7 @@ def to_tma_aligned_col_major(sf: torch.Tensor) -> torch.Tensor:
     """
     R, C = sf.shape
     align = max(1, 16 // sf.element_size())
-    padded_r = _ceil_div(R, align) * align
+    padded_r = ceil_div(R, align) * align
     buf = torch.zeros((C, padded_r), dtype=sf.dtype, device=sf.device)
     if R and C:
         buf[:, :R] = sf.t()
@@ -307,7 +301,7 @@ def _decode_input_sf(sf: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torc
     A column-major (TMA-aligned) SF is the transposed view of the same logical shape, so it is read
     through its strides like any other view.
     """
-    Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
+    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"x[1] (the SF) must be a torch.Tensor, got {type(sf).__name__}")
     if sf.dtype not in _SF_INPUT_DTYPES:
@@ -316,7 +310,7 @@ def _decode_input_sf(sf: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torc
         raise ValueError(f"x[1] (the SF) must be 2-D, got shape {tuple(sf.shape)}")
     if sf.dtype == torch.int32:
         along_m = bk == 1
-        expected = (_ceil_div(Tb, 4), Kb) if along_m else (Tb, _ceil_div(Kb, 4))
+        expected = (ceil_div(Tb, 4), Kb) if along_m else (Tb, ceil_div(Kb, 4))
         if tuple(sf.shape) != expected:
             raise ValueError(
                 f"x[1] (packed UE8M0 SF) must have shape {expected} for T={T}, H={H}, "
@@ -340,7 +334,7 @@ def _expand_blocks(s: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torch.T
 def _block_amax(x: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
     """max |x| over each block's valid elements (NaN ignored, like fmaxf); fp32 ``(Tb, Kb)``."""
     T, H = x.shape
-    Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
+    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     a = x.abs()
     a = torch.where(torch.isnan(a), torch.zeros_like(a), a)
     # Zero padding never raises a maximum of absolute values, so it is excluded in effect.
@@ -521,7 +515,7 @@ def cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: Sequence[int
         raise ValueError(f"fmt='e2m1' packs two values per byte, so H must be even, got H={H}")
     if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
         raise TypeError(f"sf must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
-    Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
+    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     if tuple(sf.shape) != (Tb, Kb):
         raise ValueError(
             f"sf must have shape {(Tb, Kb)} for T={T}, H={H}, block_size={(bm, bk)}, got {tuple(sf.shape)}"

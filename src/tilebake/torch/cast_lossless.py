@@ -22,8 +22,9 @@ from typing import Sequence, Tuple
 
 import torch
 
+from tilebake.utils import ceil_div
+
 from .cast import (
-    _ceil_div,
     _check_block,
     _check_flag,
     _decode_input_sf,
@@ -50,7 +51,7 @@ def _is_normal_power_of_two(s: torch.Tensor) -> torch.Tensor:
 def _block_max(v: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
     """max(0, v) over each block's valid elements, NaN ignored (like the kernel's fmaxf); fp32 ``(Tb, Kb)``."""
     T, H = v.shape
-    Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
+    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     padded = torch.zeros((Tb * bm, Kb * bk), dtype=torch.float32, device=v.device)
     padded[:T, :H] = torch.where(torch.isnan(v), torch.zeros_like(v), v)
     if padded.numel() == 0:
@@ -61,7 +62,7 @@ def _block_max(v: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
 def _block_min(v: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
     """min over each block's valid elements (padding is +inf); fp32 ``(Tb, Kb)``."""
     T, H = v.shape
-    Tb, Kb = _ceil_div(T, bm), _ceil_div(H, bk)
+    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     padded = torch.full((Tb * bm, Kb * bk), float("inf"), dtype=torch.float32, device=v.device)
     padded[:T, :H] = v
     if padded.numel() == 0:

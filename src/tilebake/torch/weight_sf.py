@@ -26,19 +26,17 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from tilebake.utils import ceil_div
+
 __all__ = ["batched_transpose_weight_sf", "weight_sf_layout", "sf1_layout", "sf_shapes"]
 
 WEIGHT_SF_BLOCK_SIZES = (32, 128)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 def weight_sf_layout(rows: int, cols: int, num_groups: Optional[int], device, dtype=torch.int32) -> torch.Tensor:
     """An empty MN-major packed layout: the (G?, rows, ceil(cols/4)) int32 transposed view of a
     (G?, ceil(cols/4), rows) buffer, strides (.., 1, rows). Uninitialised: every word is written."""
-    words = _ceil_div(cols, 4)
+    words = ceil_div(cols, 4)
     g = 1 if num_groups is None else num_groups
     view = torch.empty((g, words, rows), dtype=dtype, device=device).transpose(1, 2)
     return view[0] if num_groups is None else view
@@ -55,8 +53,8 @@ def sf_shapes(s: torch.Tensor, block_size: int, transpose: bool) -> tuple[tuple[
     """The shapes of (sf0, sf1) for the scales `s` (n/bs, k/bs) or (G, n/bs, k/bs)."""
     *groups, nb, kb = s.shape
     n, k = nb * block_size, kb * block_size
-    sf1 = (_ceil_div(nb, 4), k) if transpose else (k, _ceil_div(nb, 4))
-    return (*groups, n, _ceil_div(kb, 4)), (*groups, *sf1)
+    sf1 = (ceil_div(nb, 4), k) if transpose else (k, ceil_div(nb, 4))
+    return (*groups, n, ceil_div(kb, 4)), (*groups, *sf1)
 
 
 def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
@@ -75,7 +73,7 @@ def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
 def _pack_rows(blocks: torch.Tensor, bs: int, out: torch.Tensor) -> torch.Tensor:
     """blocks (G, R, C) exponent bytes -> out (G, R*bs, ceil(C/4)) packed words, rows repeated bs times."""
     g, r, c = blocks.shape
-    words = _ceil_div(c, 4)
+    words = ceil_div(c, 4)
     padded = torch.zeros((g, r, 4 * words), dtype=torch.int64, device=blocks.device)
     padded[:, :, :c] = blocks
     p = padded.view(g, r, words, 4)

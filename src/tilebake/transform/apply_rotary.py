@@ -17,8 +17,8 @@ import torch
 from tilebake._library import register
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, i64, ptr
+from tilebake.utils import FLOAT_FORMATS
 
-DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 ROT_DIMS = (64, 128)
 _INT32_MAX = 2**31 - 1
 
@@ -43,7 +43,7 @@ class ApplyRotaryVariant(Variant):
 
     @classmethod
     def all(cls):
-        return tuple(cls(*k) for k in itertools.product(DTYPES.values(), ROT_DIMS))
+        return tuple(cls(*k) for k in itertools.product(FLOAT_FORMATS.values(), ROT_DIMS))
 
 
 _KERNELS = KernelTable(ApplyRotaryVariant)
@@ -60,7 +60,7 @@ def _check_rows(t, name: str, query: torch.Tensor) -> None:
 def _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> None:
     if not isinstance(query, torch.Tensor):
         raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    if query.dtype not in DTYPES:
+    if query.dtype not in FLOAT_FORMATS:
         raise TypeError(f"query must be torch.bfloat16 or torch.float32, got {query.dtype}")
     if query.dim() not in (3, 4):
         raise ValueError(f"query must be [T, H, rot_dim] or [B, S, H, rot_dim], got shape {tuple(query.shape)}")
@@ -205,7 +205,7 @@ def _launch(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen
         batch, seqlen, q_heads, k_heads, cos_sin_cache.shape[0],
         *q_strides, *k_strides, c_stride, *p_strides,
     )  # fmt: skip
-    _KERNELS[DTYPES[query.dtype], query.shape[-1]](query.get_device(), *args)
+    _KERNELS[FLOAT_FORMATS[query.dtype], query.shape[-1]](query.get_device(), *args)
     return True
 
 
