@@ -1,6 +1,20 @@
 """Comparison helpers for the tests."""
 
+import importlib.util
+import os
+import shutil
+
+import pytest
 import torch
+
+# The opt-in emulated kernel tests (*_emulated.py): a kernel's generated CUDA C++ run on the CPU
+# through build_tools' emulators, which need tilelang (to lower) and g++ (to compile).
+EMULATED = pytest.mark.skipif(
+    os.environ.get("TILEBAKE_EMULATE") != "1"
+    or shutil.which("g++") is None
+    or importlib.util.find_spec("tilelang") is None,
+    reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
+)
 
 
 def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:

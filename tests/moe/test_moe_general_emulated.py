@@ -6,26 +6,20 @@ through each op's own launch code (_launch with the emulated kernels in its tabl
 tilelang and g++. The GPU tests cover the same and more on a device."""
 
 import importlib
-import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import EMULATED
 from tests.moe.mapping_helpers import random_topk_idx
 from tests.moe.test_get_fused_mapping import check_against
 from tests.moe.test_moe_topk_gate_backward import RSF, assert_close_to_ref, forward_inputs
 from tests.moe.test_topk_gate import assert_indices_equal, make_scores
 from tilebake.torch import get_fused_mapping, moe_topk_gate_backward_ref, stable_topk
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TILEBAKE_EMULATE") != "1"
-    or shutil.which("g++") is None
-    or importlib.util.find_spec("tilelang") is None,
-    reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
-)
+pytestmark = EMULATED
 
 ROOT = Path(__file__).resolve().parents[2]
 topk_op = importlib.import_module("tilebake.moe.topk_gate")

@@ -11,14 +11,13 @@ import importlib
 import json
 import math
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import poison_
+from tests.helpers import EMULATED, poison_
 from tests.moe.test_moe_topk_gate_forward import (
     ALL,
     FUNCS,
@@ -30,12 +29,7 @@ from tests.moe.test_moe_topk_gate_forward import (
 )
 from tilebake.torch import moe_topk_gate_forward_ref
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TILEBAKE_EMULATE") != "1"
-    or shutil.which("g++") is None
-    or importlib.util.find_spec("tilelang") is None,
-    reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
-)
+pytestmark = EMULATED
 
 ROOT = Path(__file__).resolve().parents[2]
 op = importlib.import_module("tilebake.moe.moe_topk_gate_forward")

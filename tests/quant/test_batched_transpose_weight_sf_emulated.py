@@ -5,22 +5,15 @@ other strides, checked without a GPU. Opt-in (TILEBAKE_EMULATE=1: lowers the ker
 compiles it with g++, a few seconds); needs tilelang and g++."""
 
 import importlib
-import os
-import shutil
 
 import pytest
 import torch
 
 import tilebake
-from tests.helpers import assert_bytes_equal, poison_
+from tests.helpers import EMULATED, assert_bytes_equal, poison_
 from tests.quant.test_batched_transpose_weight_sf import GPU_SHAPES, make_sf
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TILEBAKE_EMULATE") != "1"
-    or shutil.which("g++") is None
-    or importlib.util.find_spec("tilelang") is None,
-    reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
-)
+pytestmark = EMULATED
 
 op = importlib.import_module("tilebake.quant.batched_transpose_weight_sf")
 

@@ -6,22 +6,15 @@ and compiles it with g++, then runs a few minutes); needs tilelang and g++.
 build_tools/gpu_tests_on_emu.py runs the GPU tests themselves the same way."""
 
 import importlib
-import os
-import shutil
 
 import pytest
 import torch
 
 import tilebake
-from tests.helpers import assert_bytes_equal, poison_
+from tests.helpers import EMULATED, assert_bytes_equal, poison_
 from tests.quant.test_per_block_cast_lossless import CASES, _bad_scales, case_id, make_fp4, poisoned_out, sf_kwargs
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("TILEBAKE_EMULATE") != "1"
-    or shutil.which("g++") is None
-    or importlib.util.find_spec("tilelang") is None,
-    reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
-)
+pytestmark = EMULATED
 
 op = importlib.import_module("tilebake.quant.per_block_cast_lossless")
 
