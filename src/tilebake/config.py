@@ -16,6 +16,13 @@ _pdl = False
 _deterministic = False
 
 
+def _changed() -> None:
+    """Call plans bake these settings in (tilebake/_runtime/plan.py): a change empties them."""
+    from tilebake._runtime import plan
+
+    plan.clear_all()
+
+
 def _check_fmt(fmt: str, use_e4m3_sf: bool) -> tuple[str, bool]:
     key = (fmt, bool(use_e4m3_sf))
     if key not in _DEFAULT_AMAX_CLAMP:
@@ -33,6 +40,7 @@ def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, value: float) -> None:
     if not value > 0:
         raise ValueError(f"value must be a positive float, got {value!r}")
     _amax_clamp[key] = float(value)
+    _changed()
 
 
 def get_token_alignment() -> int:
@@ -45,6 +53,7 @@ def set_token_alignment(n: int) -> None:
     if not isinstance(n, int) or n <= 0:
         raise ValueError(f"n must be a positive int, got {n!r}")
     _token_alignment = n
+    _changed()
 
 
 def get_device_num_sms() -> int:
@@ -64,6 +73,7 @@ def set_num_sms(n: int) -> None:
     if not isinstance(n, int) or not 0 < n <= limit:
         raise ValueError(f"n must be an int in [1, {limit}], got {n!r}")
     _num_sms = n
+    _changed()
 
 
 def get_pdl() -> bool:
@@ -83,6 +93,7 @@ def get_deterministic_algorithms() -> bool:
 def use_deterministic_algorithms(enabled: bool) -> None:
     global _deterministic
     _deterministic = bool(enabled)
+    _changed()
 
 
 def reset_runtime_config() -> None:
@@ -90,3 +101,4 @@ def reset_runtime_config() -> None:
     _amax_clamp.clear()
     _amax_clamp.update(_DEFAULT_AMAX_CLAMP)
     _token_alignment, _num_sms, _pdl, _deterministic = 128, None, False, False
+    _changed()

@@ -8,44 +8,16 @@
  * stream as torch's raw cudaStream_t (an int), so the per-call path is one
  * argument-packing loop and one driver call.
  */
-#define PY_SSIZE_T_CLEAN
-#define Py_LIMITED_API 0x030A0000
-#include <Python.h>
+#include "launcher.h"
 
 #include <dlfcn.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The few driver API types and entry points used, declared here so the build
- * needs no CUDA headers (values from cuda.h, stable since CUDA 4). */
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
-enum { CUDA_SUCCESS = 0, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
-
-static struct {
-  CUresult (*Init)(unsigned int);
-  CUresult (*DeviceGet)(CUdevice *, int);
-  CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*CtxGetCurrent)(CUcontext *);
-  CUresult (*CtxPushCurrent)(CUcontext);
-  CUresult (*CtxPopCurrent)(CUcontext *);
-  CUresult (*ModuleLoadData)(CUmodule *, const void *);
-  CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-  CUresult (*FuncSetAttribute)(CUfunction, int, int);
-  CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                           unsigned, CUstream, void **, void **);
-  CUresult (*GetErrorName)(CUresult, const char **);
-  CUresult (*GetErrorString)(CUresult, const char **);
-} cu;
-
+Driver cu;
 static PyObject *DriverError; /* tilebake.errors.CudaDriverError, set by _set_error_type */
 
-static int raise_cu(CUresult rc, const char *what) {
+int raise_cu(CUresult rc, const char *what) {
   const char *name = "unknown", *text = "";
   if (cu.GetErrorName) cu.GetErrorName(rc, &name);
   if (cu.GetErrorString) cu.GetErrorString(rc, &text);
@@ -53,7 +25,7 @@ static int raise_cu(CUresult rc, const char *what) {
   return -1;
 }
 
-static int open_driver(void) {
+int open_driver(void) {
   if (cu.LaunchKernel) return 0;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
@@ -74,6 +46,7 @@ static int open_driver(void) {
   SYM(ModuleLoadData, "cuModuleLoadData")
   SYM(ModuleGetFunction, "cuModuleGetFunction")
   SYM(FuncSetAttribute, "cuFuncSetAttribute")
+  SYM(MemsetD8Async, "cuMemsetD8Async")
   SYM(GetErrorName, "cuGetErrorName")
   SYM(GetErrorString, "cuGetErrorString")
   SYM(LaunchKernel, "cuLaunchKernel") /* last: it marks the table complete */
@@ -85,13 +58,6 @@ static int open_driver(void) {
   }
   return 0;
 }
-
-/* A loaded kernel: the function and the context it belongs to. Never freed:
- * a kernel is loaded once per device and lives as long as the process. */
-typedef struct {
-  CUfunction function;
-  CUcontext context;
-} Loaded;
 
 /* load(image: bytes, entry: str, device: int, dynamic_smem: int) -> int handle */
 static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -195,6 +161,11 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
   if (PyErr_Occurred()) return NULL;
   if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) Py_RETURN_NONE; /* empty problem: nothing to launch */
 
+  if (launch_loaded(k, dims, smem, stream, params)) return NULL;
+  Py_RETURN_NONE;
+}
+
+int launch_loaded(Loaded *k, const unsigned dims[6], unsigned smem, CUstream stream, void **params) {
   /* torch keeps the current device's primary context current; push the kernel's
    * own context only when the caller's thread has another one. */
   CUcontext current = NULL, popped;
@@ -202,13 +173,12 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
   int pushed = current != k->context;
   if (pushed) {
     CUresult rc = cu.CtxPushCurrent(k->context);
-    if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuCtxPushCurrent"), NULL;
+    if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuCtxPushCurrent");
   }
   CUresult rc =
       cu.LaunchKernel(k->function, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], smem, stream, params, NULL);
   if (pushed) cu.CtxPopCurrent(&popped);
-  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuLaunchKernel"), NULL;
-  Py_RETURN_NONE;
+  return rc == CUDA_SUCCESS ? 0 : raise_cu(rc, "cuLaunchKernel");
 }
 
 /* _set_error_type(cls): the exception class raised for driver errors. */
@@ -222,6 +192,9 @@ static PyObject *set_error_type(PyObject *self, PyObject *cls) {
 static PyMethodDef methods[] = {
     {"load", (PyCFunction)(void (*)(void))load, METH_FASTCALL, "Load a cubin on a device; returns a kernel handle."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "Launch a loaded kernel on a stream."},
+    {"plan", (PyCFunction)(void (*)(void))plan_new, METH_FASTCALL, "Compile a call plan (tilebake/_runtime/plan.py)."},
+    {"run", (PyCFunction)(void (*)(void))plan_run, METH_FASTCALL, "run(plan, *tensors): one op call in C."},
+    {"trace", (PyCFunction)(void (*)(void))plan_trace, METH_FASTCALL, "trace(plan, *tensors): run without launching."},
     {"_set_error_type", set_error_type, METH_O, "Set the exception class for driver errors."},
     {NULL, NULL, 0, NULL},
 };

@@ -181,6 +181,7 @@ class Kernel:
             )
         self._entries = entries
         self._per_device: dict[int, tuple] = {}
+        self._specs: dict[int, tuple] = {}
 
     def _load(self, device_index: int) -> tuple:
         launcher = _native()
@@ -216,7 +217,23 @@ class Kernel:
         handle = launcher.load(image, entry["entry"], device_index, smem)
         loaded = (handle, grid, block, smem, signature, reorder, launcher.launch)
         self._per_device[device_index] = loaded
+        self._specs[device_index] = (tuple(params), tuple(signature.decode()), tuple(entry["grid"]), block, smem)
         return loaded
+
+    def launch_spec(self, device_index: int) -> tuple:
+        """(parameter names and signature letters in the kernel's order, grid expressions of
+        those names, block, dynamic shared memory) of its binary for `device_index` (loaded
+        there first): what a call plan (plan.py) launches it with."""
+        if device_index not in self._specs:
+            self._load(device_index)
+        return self._specs[device_index]
+
+    def handle(self, device_index: int) -> int:
+        """The native launcher's handle of this kernel on `device_index` (loaded there first)."""
+        try:
+            return self._per_device[device_index][0]
+        except KeyError:
+            return self._load(device_index)[0]
 
     def __call__(self, device_index: int, *args) -> None:
         """Launch on torch's current stream of `device_index`, args in `arg_names` order."""

@@ -15,6 +15,7 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -179,6 +180,17 @@ def per_token_cast(
         (data, sf) so that x ~= data * sf per block. CPU tensors take the pure-torch
         reference path (same bytes, slower).
     """
+    # The native path: a call whose key has been seen runs as one plan (validate, allocate and
+    # launch in C); a call the plan does not take (NotImplemented) goes on below.
+    try:
+        call = _PLANS[x.dtype, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                      use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out is None]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, out)
+        if result is not NotImplemented:
+            return result
     # Validate. The non-tensor arguments are checked once per combination (the cached
     # kernel key); the tensor is checked on every call.
     try:
@@ -229,7 +241,55 @@ def per_token_cast(
         x_ptr, data_ptr, sf.data_ptr(), config.get_amax_clamp_for_quant("e4m3", False),
         num_tokens, hidden, x.stride(0), data.stride(0), sf_stride_t, sf_stride_g,
     )  # fmt: skip
+    plan_key = (x.dtype, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                False, False, out is None)  # fmt: skip
+    if plan_key not in _PLANS and (out is None or (out[0] is not None and out[1] is not None)):
+        _PLANS[plan_key] = plan.build_if_available(
+            _hot_plan, _KERNELS[key], x.get_device(), x.dtype, num_per_channels, use_tma_aligned_col_major_sf,
+            use_packed_ue8m0, out is not None,
+        )  # fmt: skip
     return data, sf
+
+
+_PLANS = plan.cache()
+
+
+def _hot_plan(kernel, device, dtype, npc, col_major, packed, given_out):
+    """The hot path above as a call plan: the same checks (some stricter: those calls take the
+    Python path), allocations and kernel arguments."""
+    b = plan.Builder()
+    x = b.tensor(0, dtype, ("T", "H"), strides=("xs", 1))
+    b.check(f"T >= 1 and H >= 16 and H % 16 == 0 and (T == 1 or xs % {16 // dtype.itemsize} == 0)")
+    b.let("C", f"((H + {npc - 1}) // {npc} + 3) // 4" if packed else f"(H + {npc - 1}) // {npc}")
+    sf_dtype, unit = (torch.int32, 4) if packed else (torch.float32, 1)  # packed SF strides are in bytes
+    if given_out:
+        data = b.tensor((1, 0), torch.float8_e4m3fn, ("T", "H"), strides=("ds", 1))
+        b.check("T == 1 or (ds % 16 == 0 and ds >= H)")
+        if col_major:  # TMA-aligned column-major, as check_out_sf_layout wants it
+            sf = b.tensor((1, 1), sf_dtype, ("T", "C"), strides=(1, "sg"))
+            b.check("T >= 1 and (C == 1 or (sg % 4 == 0 and sg >= T))")
+            b.let("st", 1)
+        else:  # row-major rows apart, or column-major columns apart: no two SF at one address
+            sf = b.tensor((1, 1), sf_dtype, ("T", "C"), strides=("st", "sg"), align=4)
+            b.check("(sg == 1 and (T == 1 or st >= C)) or (st == 1 and (C == 1 or sg >= T))")
+    else:
+        data = b.alloc(torch.float8_e4m3fn, ("T", "H"))
+        b.let("ds", "H")
+        if col_major:  # a (C, padded T) buffer, handed out as its transposed (T, C) view
+            b.let("sg", "(T + 3) // 4 * 4")
+            sf = b.alloc(sf_dtype, ("C", "sg"), view=(("T", "C"), (1, "sg")))
+            b.let("st", 1)
+        else:
+            sf = b.alloc(sf_dtype, ("T", "C"))
+            b.let("st", "C")
+            b.let("sg", 1)
+    b.launch(
+        kernel, device, X=x, Y=data, S=sf, amax_clamp=config.get_amax_clamp_for_quant("e4m3", False),
+        num_tokens="T", hidden="H", x_stride="xs", y_stride="ds", sf_stride_t=f"st * {unit}",
+        sf_stride_g=f"sg * {unit}",
+    )  # fmt: skip
+    b.returns((data, sf))
+    return b.build()
 
 
 # --- Everything off the hot path: e2m1 output, e4m3 SF, quantized inputs, SF only, a given SF.

@@ -1,0 +1,183 @@
+"""Call plans (tilebake/_runtime/plan.py, native_call.c) on the CPU: expressions, the checks that
+send a call back to the Python path, allocation through torch's exchange API, the returned
+structure, and each op plan's kernel arguments and output layouts, traced (every step but the
+launch) on CPU tensors. The GPU tests run the same plans for real (every CUDA call after an
+op's first with a key takes its plan)."""
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from tilebake._runtime import loader, plan
+from tilebake._runtime.loader import _native
+
+pytestmark = pytest.mark.skipif(not plan.available(), reason="torch without the DLPack C exchange API 1.3")
+
+
+class ManifestKernel:
+    """A kernel's launch spec from the installed manifest (sm_90a), as loader.Kernel gives it on
+    a GPU: plans build from it without one."""
+
+    def __init__(self, variant):
+        self.variant = variant
+        entry = loader.op_kernels(variant.op)[variant.id]["sm_90a"]
+        names = tuple(p["name"] for p in entry["params"])
+        kinds = tuple(p["kind"] for p in entry["params"])
+        self.spec = (names, kinds, tuple(entry["grid"]), tuple(int(b) for b in entry["block"]), entry["dynamic_smem"])
+
+    def launch_spec(self, device):
+        return self.spec
+
+    def handle(self, device):
+        raise AssertionError("a trace never launches")
+
+
+def trace(p, *args):
+    result, launches = _native().trace(p, *args)
+    return result, launches
+
+
+def params_of(kernel, launch):
+    """{name: value} of a traced launch of `kernel`."""
+    return dict(zip(kernel.spec[0], launch[4]))
+
+
+def test_expressions_match_python():
+    """Each expression, with operands from -9 to 9 (Python's floor division and modulo), against
+    Python's value: passed in as a shape (value + 1000), which the plan checks."""
+    exprs = ["A // B", "A % B", "A * B - 7", "min(A, B, 3)", "max(A, -B)", "A < B", "A <= B", "A > B", "A >= B",
+             "A == B", "A != B", "A < B and B > 0", "A < 0 or not B", "(A + 3) // 4 * 4", "-A % 5", "2 * -A // 3"]  # fmt: skip
+    plans = {}
+    for e in exprs:
+        b = plan.Builder()
+        b.tensor(0, torch.float32, ("a", "b", "w"), strides=(None, None, None), align=1)
+        b.let("A", "a - 9")
+        b.let("B", "b - 9")
+        b.check(f"({e}) + 1000 == w")
+        b.returns(None)
+        plans[e] = b.build()
+    for av, bv in itertools.product(range(-9, 10), [v for v in range(-9, 10) if v]):
+        for e in exprs:
+            want = int(eval(e, {"A": av, "B": bv})) + 1000
+            assert trace(plans[e], torch.empty(av + 9, bv + 9, want))[0] is None, (e, av, bv)
+            assert trace(plans[e], torch.empty(av + 9, bv + 9, want + 1))[0] is NotImplemented, (e, av, bv)
+
+
+def test_division_by_zero_takes_the_python_path():
+    b = plan.Builder()
+    b.tensor(0, torch.float32, ("a", "b"), align=1)
+    b.let("q", "b // a")
+    b.returns(None)
+    assert trace(b.build(), torch.empty(0, 3))[0] is NotImplemented
+    assert trace(b.build(), torch.empty(2, 3))[0] is None
+
+
+def _one_tensor_plan(dtype=torch.bfloat16, align=16):
+    b = plan.Builder()
+    x = b.tensor(0, dtype, ("T", "H"), strides=("xs", 1), align=align)
+    b.check("H % 8 == 0")
+    y = b.alloc(torch.float32, ("T", "H // 8"))
+    b.returns((y, None, x))
+    return b.build()
+
+
+def test_allocates_and_returns_the_structure():
+    x = torch.randn(3, 64).bfloat16()
+    (y, none, same), launches = trace(_one_tensor_plan(), x)
+    assert same is x and none is None and launches == []
+    assert y.shape == (3, 8) and y.dtype == torch.float32 and y.is_contiguous() and y.device == x.device
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        torch.randn(3, 64),  # dtype
+        torch.randn(3, 64, 1).bfloat16(),  # rank
+        torch.randn(3, 60).bfloat16(),  # the check
+        torch.randn(64, 3).bfloat16().t(),  # stride
+        torch.randn(3 * 64 + 1).bfloat16()[1:].view(3, 64),  # alignment
+        torch.nn.Parameter(torch.randn(3, 64).bfloat16()),  # a subclass
+        None,
+        "x",
+    ],
+)
+def test_unexpected_arguments_take_the_python_path(arg):
+    assert trace(_one_tensor_plan(), arg)[0] is NotImplemented
+
+
+def test_cpu_tensors_are_never_launched():
+    assert _native().run(_one_tensor_plan(), torch.randn(3, 64).bfloat16()) is NotImplemented
+
+
+def test_tuple_items_and_missing_arguments():
+    b = plan.Builder()
+    b.tensor((0, 1), torch.float32, ("n",), align=1)
+    b.returns(None)
+    p = b.build()
+    t = torch.empty(4)
+    assert trace(p, (None, t))[0] is None
+    assert trace(p, (t,))[0] is NotImplemented
+    assert trace(p, [None, t])[0] is NotImplemented  # lists: the Python path
+    assert trace(p)[0] is NotImplemented
+
+
+def test_without_the_exchange_api_no_plan_is_built(monkeypatch):
+    class NoCapsule:
+        pass
+
+    with pytest.raises(AttributeError):
+        _native().plan(b"", (), (), None, NoCapsule)
+    monkeypatch.setattr(plan, "available", lambda: False)
+    assert plan.build_if_available(lambda: pytest.fail("built")) is None
+
+
+def test_config_changes_empty_the_plans():
+    import tilebake
+
+    plans = plan.cache()
+    plans["k"] = object()
+    tilebake.set_amax_clamp_for_quant("e4m3", False, 2e-4)
+    assert plans == {}
+    tilebake.config.reset_runtime_config()
+
+
+# --- per_token_cast's hot plan ---
+
+PTC_CASES = list(itertools.product((torch.bfloat16, torch.float32), (32, 128), (False, True), (False, True), (False, True)))
+
+
+@pytest.mark.parametrize("dtype,npc,col_major,packed,given", PTC_CASES)
+def test_per_token_cast_plan(dtype, npc, col_major, packed, given):
+    from tilebake import config
+    import importlib
+
+    ptc = importlib.import_module("tilebake.quant.per_token_cast")
+    from tilebake.torch import cast
+
+    sf_mode = "ue8m0" if packed else "fp32"  # packed implies round_sf
+    kernel = ManifestKernel(ptc.PerTokenCastVariant("bf16" if dtype == torch.bfloat16 else "fp32", "e4m3", npc, sf_mode))
+    p = ptc._hot_plan(kernel, 0, dtype, npc, col_major, packed, given)
+    for num_tokens, hidden in ((1, 16), (5, 7168), (8001 % 37, 272)):
+        x = torch.randn(num_tokens, hidden).to(dtype)
+        ref = cast(x, "e4m3", (1, npc), round_sf=packed, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
+        out = None
+        if given:
+            out = (torch.empty_like(ref[0]), torch.empty_strided(ref[1].shape, ref[1].stride(), dtype=ref[1].dtype))
+        (data, sf), launches = trace(p, x, out)
+        if given:
+            assert data is out[0] and sf is out[1]
+        for got, want in ((data, ref[0]), (sf, ref[1])):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        unit = 4 if packed else 1
+        assert [launch[0] for launch in launches] == [0]
+        assert params_of(kernel, launches[0]) == dict(
+            X=x.data_ptr(), Y=data.data_ptr(), S=sf.data_ptr(),
+            amax_clamp=pytest.approx(config.get_amax_clamp_for_quant("e4m3", False), rel=1e-7),
+            num_tokens=num_tokens, hidden=hidden, x_stride=x.stride(0), y_stride=data.stride(0),
+            sf_stride_t=sf.stride(0) * unit, sf_stride_g=sf.stride(1) * unit,
+        )  # fmt: skip
+    # what the Python path checks, the plan refuses
+    assert trace(p, torch.randn(4, 24).to(dtype), out)[0] is NotImplemented  # H % 16
+    assert trace(p, torch.randn(0, 64).to(dtype), out)[0] is NotImplemented  # no rows: the Python path
