@@ -6,14 +6,14 @@ For each op (enumerated from the manifest; bench/cases.py holds one case per op)
 (tokens, hidden) of cases.TOKENS x cases.HIDDEN, measured in the same run: tilebake eager
 (median of CUDA-event-timed calls), back-to-back eager calls, CUDA-graph replay, the
 plain-torch reference and torch.compile of it, and achieved GB/s against the same run's
-device-to-device copy. Then host cost per call at T=1 beside torch.mul(out=), and cold
+device-to-device copy. Then the host time of every public op at T=1, allocating and with its
+outputs given (bench/host_time.py), beside torch.mul(out=), and cold
 start in a fresh process. Writes bench/results/<date>-<gpu>/bench.{json,md,png}.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cases  # noqa: E402
 import harness  # noqa: E402
+import host_time  # noqa: E402
 
 import tilebake  # noqa: E402
 from tilebake._runtime import loader  # noqa: E402
@@ -65,34 +66,6 @@ def measure(case: dict, copy_gbs: float, compiled_ref) -> dict:
         row[f"{key}_gbs"] = gbs
         row[f"{key}_pct_copy"] = 100 * gbs / copy_gbs
     return row
-
-
-def host_cost() -> dict:
-    """us per public call at T=1 in a CPU-bound loop, beside torch.mul(out=) in the same run."""
-    x = torch.randn(1, 7168, device="cuda").to(torch.bfloat16)
-    y = torch.empty_like(x)
-    result = {"torch_mul_out_us": harness.host_us_per_call(lambda: torch.mul(x, 2, out=y), ())}
-    for op, makers in cases.CASES.items():
-        case = makers[0](1, 7168)
-        args = case["make"]()
-        result[f"{op}_us"] = harness.host_us_per_call(case["fn"], args)
-        result[f"{op}_ratio"] = result[f"{op}_us"] / result["torch_mul_out_us"]
-    # Where per_token_cast's host time goes: preallocated outputs, its two allocations alone,
-    # and the bare launch through the loader.
-    q = tilebake.quant.per_token_cast(x, "e4m3", 128)
-    result["per_token_cast_with_out_us"] = harness.host_us_per_call(
-        lambda: tilebake.quant.per_token_cast(x, "e4m3", 128, out=q), ()
-    )
-    result["two_allocations_us"] = harness.host_us_per_call(
-        lambda: (x.new_empty((1, 7168), dtype=torch.float8_e4m3fn), x.new_empty((1, 56), dtype=torch.float32)), ()
-    )
-    module = sys.modules["tilebake.quant.per_token_cast"]
-    kernel = module._KERNELS[dataclasses.astuple(module.PerTokenCastVariant("bf16", "e4m3", 128, "fp32"))]
-    d, s = q
-    result["bare_launch_us"] = harness.host_us_per_call(
-        lambda: kernel(0, x.data_ptr(), d.data_ptr(), s.data_ptr(), 1e-4, 1, 7168, 7168, 7168, 56, 1), ()
-    )
-    return result
 
 
 COLD_START = r"""
@@ -170,21 +143,9 @@ def markdown(rows, copy_gbs, host, cold, env) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if not (host and cold):
         return "\n".join(lines) + "\n"
-    ops = [k[:-3] for k in host if k.endswith("_us") and k not in ("torch_mul_out_us",) and f"{k[:-3]}_ratio" in host]
     lines += [
         "",
-        "Host cost per public call at T=1, H=7168 (wall clock, CPU-bound loop), same run:",
-        "",
-        "| call | us | x torch.mul(out=) |",
-        "|---|---|---|",
-        f"| torch.mul(x, 2, out=y) | {host['torch_mul_out_us']:.2f} | 1.00 |",
-    ]
-    lines += [f"| {op} | {host[f'{op}_us']:.2f} | {host[f'{op}_ratio']:.2f} |" for op in ops]
-    lines += [
-        f"| per_token_cast, out= given | {host['per_token_cast_with_out_us']:.2f} | "
-        f"{host['per_token_cast_with_out_us'] / host['torch_mul_out_us']:.2f} |",
-        f"| (its two output allocations alone) | {host['two_allocations_us']:.2f} | |",
-        f"| (its bare launch through the loader) | {host['bare_launch_us']:.2f} | |",
+        *host_time.markdown(host),
         "",
         f"Cold start, fresh process after `import torch` and CUDA init (median of 5): import tilebake "
         f"{cold['import_ms']:.1f} ms, first per_token_cast {cold['first_quant_call_ms']:.1f} ms, together "
@@ -268,7 +229,7 @@ def main():
                 )
     host, cold = {}, {}
     try:
-        host = host_cost()
+        host = host_time.measure()
         cold = cold_start()
     except Exception as e:  # the rows above are still worth writing out
         failures.append(f"host cost / cold start: {type(e).__name__}: {e}")

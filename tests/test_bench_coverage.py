@@ -30,3 +30,21 @@ def test_every_manifest_op_has_a_benchmark_case():
             case = make_case(cases.TOKENS[0], cases.HIDDEN[0])
             assert case["op"] == op and callable(case["make"]) and callable(case["fn"]) and callable(case["ref"])
             assert case["bytes"] > 0
+
+
+def test_every_public_op_has_a_host_time_case():
+    """bench/host_time.py times every public function that launches work (issue 14's table),
+    and each of its calls is a valid call: run here on CPU tensors (the references)."""
+    import tilebake
+
+    host_time = load("host_time")
+    host_time.DEVICE = "cpu"
+    cases = host_time.cases()
+    public = {name for m in (tilebake.quant, tilebake.moe, tilebake.transform, tilebake.rand) for name in m.__all__}
+    missing = sorted(public - host_time.NOT_OPS - set(cases))
+    assert not missing, f"public ops without a host-time case in bench/host_time.py: {missing}"
+    for name, calls in cases.items():
+        assert any(calls), name
+        for call in calls:
+            if call is not None:
+                call()

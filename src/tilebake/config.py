@@ -98,7 +98,9 @@ def use_deterministic_algorithms(enabled: bool) -> None:
 
 def reset_runtime_config() -> None:
     global _token_alignment, _num_sms, _pdl, _deterministic
+    before = (dict(_amax_clamp), _token_alignment, _num_sms, _deterministic)
     _amax_clamp.clear()
     _amax_clamp.update(_DEFAULT_AMAX_CLAMP)
     _token_alignment, _num_sms, _pdl, _deterministic = 128, None, False, False
-    _changed()
+    if before != (_amax_clamp, _token_alignment, _num_sms, _deterministic):
+        _changed()

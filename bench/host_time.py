@@ -1,0 +1,183 @@
+"""Host time of every public op at its small shape (T = 1, H = 7168: a decode step), beside
+`torch.mul(x, 2, out=y)` in the same run: with outputs allocated by the op, and with every
+output given (`out=` and friends) where the op takes them (GPU only).
+
+    python bench/host_time.py [--name host_time]    # or through bench/bench.py
+
+Each case builds its inputs once; the timing is harness.host_us_per_call (a CPU-bound loop of
+calls, the kernels far shorter than the host work). get_fused_mapping is timed in its no-sync
+mode (force_no_sync=True) and, beside it, in its synchronising mode (one device-to-host copy).
+tests/test_bench_coverage.py fails when a public op has no case here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import tilebake  # noqa: E402
+
+T, H = 1, 7168
+DEVICE = "cuda"  # tests/test_bench_coverage.py runs the cases on the CPU (the references)
+quant, moe = tilebake.quant, tilebake.moe
+
+
+def bf16(*shape):
+    return torch.randn(*shape, device=DEVICE).to(torch.bfloat16)
+
+
+def _quant():
+    x, w = bf16(T, H), (torch.rand(H, device=DEVICE) + 0.5).to(torch.bfloat16)
+    q = quant.per_token_cast(x, "e4m3", 128)
+    e2m1 = quant.per_token_cast(x, "e2m1", 32, round_sf=True, use_packed_ue8m0=True)
+    blk = quant.per_block_cast(x, "e4m3", (128, 128))
+    y, rstd, _ = quant.norm_forward(x, w, 1e-6, with_rstd=True)
+    x2 = bf16(T, 2 * H)
+    psum = torch.tensor([T], dtype=torch.int32, device=DEVICE)
+    tw = torch.rand(T, device=DEVICE)
+    sfs = [torch.exp2(torch.randint(-20, 10, (1, H // 128), device=DEVICE).float())]
+    empty_q = (torch.empty_like(q[0]), torch.empty_like(q[1]))
+    nc = quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32)
+    return {
+        "per_token_cast": (lambda: quant.per_token_cast(x, "e4m3", 128),
+                           lambda: quant.per_token_cast(x, "e4m3", 128, out=empty_q)),
+        "per_token_cast_with_sf_only": (lambda: quant.per_token_cast_with_sf_only(x, "e4m3", 128),
+                                        lambda: quant.per_token_cast_with_sf_only(x, "e4m3", 128, out_sf=empty_q[1])),
+        "per_token_cast_with_precomputed_sf": (
+            lambda: quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, q[1]),
+            lambda: quant.per_token_cast_with_precomputed_sf(x, "e4m3", 128, q[1], out=empty_q[0])),
+        "per_block_cast": (lambda: quant.per_block_cast(x, "e4m3", (128, 128)),
+                           lambda: quant.per_block_cast(x, "e4m3", (128, 128), out=blk)),
+        "per_block_cast_with_sf_only": (lambda: quant.per_block_cast_with_sf_only(x, "e4m3", (128, 128)),
+                                        lambda: quant.per_block_cast_with_sf_only(x, "e4m3", (128, 128), out_sf=blk[1])),
+        "per_block_cast_with_precomputed_sf": (
+            lambda: quant.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), blk[1]),
+            lambda: quant.per_block_cast_with_precomputed_sf(x, "e4m3", (128, 128), blk[1], out=blk[0])),
+        "per_channel_cast": (lambda: quant.per_channel_cast(x, "e4m3", 128), None),
+        "per_block_cast_lossless": (
+            lambda: quant.per_block_cast_lossless(e2m1, "e4m3", (1, 32), (1, 128), round_sf=True, use_packed_ue8m0=True),
+            None),
+        "cast": (lambda: quant.cast(x, torch.float8_e4m3fn, stochastic_rounding=True), None),
+        "cast_back": (lambda: quant.cast_back(q, "bf16", (1, 128)), None),
+        "per_token_cast_back": (lambda: quant.per_token_cast_back(q, "bf16", 128), None),
+        "per_token_cast_and_cast_back": (None, lambda: quant.per_token_cast_and_cast_back(x, "e4m3", 128)),
+        "unpack_from_e2m1fn_x2": (lambda: quant.unpack_from_e2m1fn_x2(e2m1[0]), None),
+        "batched_transpose_weight_sf": (lambda: quant.batched_transpose_weight_sf(sfs, 128, [True]), None),
+        "norm_forward": (lambda: quant.norm_forward(x, w, 1e-6),
+                         lambda: quant.norm_forward(x, w, 1e-6, out=y)),
+        "norm_forward_and_per_token_cast": (
+            lambda: quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32),
+            lambda: quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, out=nc[0])),
+        "norm_backward": (lambda: quant.norm_backward(x, x, w, rstd), None),
+        "swiglu_forward": (lambda: quant.swiglu_forward(x2, "bf16"), None),
+        "swiglu_forward_and_per_token_cast": (
+            lambda: quant.swiglu_forward_and_per_token_cast(x2, "e4m3", 128, psum, tw), None),
+        "swiglu_backward": (lambda: quant.swiglu_backward(x2, x, "bf16"), None),
+        "swiglu_backward_and_per_token_cast": (
+            lambda: quant.swiglu_backward_and_per_token_cast(quant.per_token_cast(x2, "e4m3", 128), x, "e4m3", 128),
+            None),
+    }
+
+
+def _moe():
+    logits, bias = torch.randn(T, 256, device=DEVICE), torch.randn(256, device=DEVICE) * 0.1
+    idx, weights = moe.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0, bias=bias)
+    routed = (torch.empty_like(idx), torch.empty_like(weights))
+    scores = torch.nn.functional.softplus(logits).sqrt()
+    grad = torch.randn(T, 8, device=DEVICE)
+    grad_logits = torch.empty_like(scores)
+    mapping = moe.get_fused_mapping(idx, 256, 0, 128)
+    p2e, ttp = mapping[0], mapping[3]
+    x = bf16(T, H)
+    xf = bf16(p2e.numel(), H)
+    reduced = torch.empty(T, H, dtype=torch.bfloat16, device=DEVICE)
+    q = quant.per_token_cast(x, "e4m3", 128)
+    return {
+        "topk_gate": (lambda: moe.topk_gate(logits, 8), None),
+        "normalize_weight": (lambda: moe.normalize_weight(weights), None),
+        "moe_topk_gate_forward": (lambda: moe.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0, bias=bias),
+                                  lambda: moe.moe_topk_gate_forward(logits, 8, False, 0, 2.5, 0, bias=bias, out=routed)),
+        "moe_topk_gate": (lambda: moe.moe_topk_gate(logits, 8, False, 0, 2.5, 0, bias=bias), None),
+        "moe_topk_gate_backward": (
+            lambda: moe.moe_topk_gate_backward(scores, idx, weights, grad, 2.5),
+            lambda: moe.moe_topk_gate_backward(scores, idx, weights, grad, 2.5, out=grad_logits)),
+        "get_fused_mapping": (lambda: moe.get_fused_mapping(idx, 256, 0, 128, force_no_sync=True), None),
+        "get_fused_mapping (synchronising)": (lambda: moe.get_fused_mapping(idx, 256, 0, 128), None),
+        "expand_to_fused": (lambda: moe.expand_to_fused(x, ttp, p2e), None),
+        "expand_to_fused_with_sf": (lambda: moe.expand_to_fused_with_sf(q, 128, ttp, p2e), None),
+        "reduce_fused": (lambda: moe.reduce_fused(xf, weights, ttp), lambda: moe.reduce_fused(xf, weights, ttp, out=reduced)),
+    }
+
+
+def _others():
+    q, k = bf16(T, 32, 128), bf16(T, 8, 128)
+    angles = torch.rand(32768, 64, device=DEVICE) * 6.2831855
+    cache = torch.cat((angles.cos(), angles.sin()), dim=1)
+    positions = torch.randint(0, 32768, (T,), device=DEVICE)
+    x = bf16(T, H)
+    return {
+        "apply_rotary": (None, lambda: tilebake.transform.apply_rotary(q, cache, k, positions)),
+        "randn": (lambda: tilebake.rand.randn(T, H, device=DEVICE), None),
+        "randn_like": (lambda: tilebake.rand.randn_like(x), None),
+    }
+
+
+def cases() -> dict:
+    """public name -> (call allocating its outputs or None, call with every output given /
+    in place, or None where the op takes no outputs)."""
+    return {**_quant(), **_moe(), **_others()}
+
+
+# Public functions that launch nothing on the GPU (no host-time case).
+NOT_OPS = {"QuantTensor", "reserve_seed", "set_seed"}
+
+
+def measure() -> dict:
+    x = bf16(T, H)
+    y = torch.empty_like(x)
+    mul = harness.host_us_per_call(lambda: torch.mul(x, 2, out=y), ())
+    rows = []
+    for name, (alloc, given) in cases().items():
+        row = {"op": name}
+        for label, fn in (("allocated", alloc), ("given", given)):
+            if fn is not None:
+                us = harness.host_us_per_call(fn, ())
+                row[f"{label}_us"], row[f"{label}_ratio"] = us, us / mul
+        rows.append(row)
+    return {"torch_mul_out_us": mul, "rows": rows}
+
+
+def markdown(result: dict) -> list[str]:
+    mul = result["torch_mul_out_us"]
+    lines = [f"Host time per call at T = {T}, H = {H} (us; x torch.mul(x, 2, out=y) = {mul:.2f} us, same run):", "",
+             "| op | outputs allocated | x torch.mul | outputs given / in place | x torch.mul |", "|---|---|---|---|---|"]  # fmt: skip
+
+    def cell(row, label):
+        return (f"{row[f'{label}_us']:.2f} | {row[f'{label}_ratio']:.2f}" if f"{label}_us" in row else "- | -")
+
+    lines += [f"| {r['op']} | {cell(r, 'allocated')} | {cell(r, 'given')} |" for r in result["rows"]]
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", default="host_time")
+    args = parser.parse_args()
+    env = harness.environment()
+    result = measure()
+    out = harness.results_dir()
+    harness.write_json(out / f"{args.name}.json", {"environment": env, "command": " ".join(sys.argv), **result})
+    text = "\n".join([f"# tilebake host time: {env['gpu']}, {env['date']}, torch {env['torch']}", "",
+                      f"Command: `python {' '.join(sys.argv)}`.", "", *markdown(result)])  # fmt: skip
+    (out / f"{args.name}.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
