@@ -37,8 +37,13 @@ def _clone(tree):
 
 
 def _bytes(tree):
+    """Per tensor leaf: its layout and its bytes (which must both match)."""
     leaves = [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
-    return [t.detach().reshape(-1).view(torch.uint8).cpu() if t.dtype != torch.bool else t.cpu() for t in leaves]
+    return [(t.shape, t.stride(), t.dtype, t.detach().contiguous().reshape(-1).view(torch.uint8).cpu()) for t in leaves]
+
+
+def _same(a, b) -> bool:
+    return a[:3] == b[:3] and torch.equal(a[3], b[3])
 
 
 class LaunchCounter:
@@ -68,7 +73,7 @@ def test_second_call_is_native_and_equal(op, make_case, shape, monkeypatch):
     torch.cuda.synchronize()
     name = f"{op}: {case['variant']}"
     for a, b in zip(_bytes(first), _bytes(second), strict=True):
-        assert torch.equal(a, b), f"{name}: the plan's output differs from the Python path's"
+        assert _same(a, b), f"{name}: the plan's output differs from the Python path's"
     if name in PYTHON_PATH:
         assert counter.count > 0, f"{name} is listed in PYTHON_PATH but ran natively: update the list"
     else:
@@ -90,7 +95,7 @@ def test_plans_in_graph_capture_and_side_streams():
         with torch.cuda.stream(side):
             got = call(x)
         side.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(want, _bytes(got), strict=True))
+        assert all(_same(a, b) for a, b in zip(want, _bytes(got), strict=True))
         static = torch.zeros_like(x)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -98,7 +103,7 @@ def test_plans_in_graph_capture_and_side_streams():
         static.copy_(x)
         graph.replay()
         torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(want, _bytes(captured), strict=True))
+        assert all(_same(a, b) for a, b in zip(want, _bytes(captured), strict=True))
 
 
 def _reused_after_side_stream_use(make, record: bool) -> bool:
@@ -135,3 +140,34 @@ def test_plan_outputs_honour_record_stream():
 
     assert _reused_after_side_stream_use(make, record=False)
     assert not _reused_after_side_stream_use(make, record=True)
+
+
+@pytest.mark.gpu
+def test_out_buffers_have_their_versions_bumped():
+    """Both paths count the write into out= tensors, as torch's out= ops do."""
+    import tilebake
+
+    x = torch.randn(4, 512, device="cuda").bfloat16()
+    out = tuple(torch.empty_like(t) for t in tilebake.quant.per_token_cast(x, "e4m3", 128))
+    for _ in range(2):  # the Python path, then the plan
+        before = [t._version for t in out]
+        tilebake.quant.per_token_cast(x, "e4m3", 128, out=out)
+        assert [t._version for t in out] == [v + 1 for v in before]
+
+
+@pytest.mark.gpu
+def test_without_the_exchange_api_the_python_path_runs(monkeypatch):
+    """Where torch has no DLPack C exchange API no plan is built, every call takes the Python
+    path and gives the same bytes."""
+    import tilebake
+    from tilebake._runtime import plan
+
+    x = torch.randn(33, 7168, device="cuda").bfloat16()
+    want = _bytes(tilebake.quant.per_token_cast(x, "e4m3", 128))
+    monkeypatch.setattr(plan, "available", lambda: False)
+    plan.clear_all()
+    counter = LaunchCounter(monkeypatch)
+    for _ in range(2):
+        assert all(_same(a, b) for a, b in zip(want, _bytes(tilebake.quant.per_token_cast(x, "e4m3", 128))))
+    assert counter.count == 2
+    plan.clear_all()

@@ -241,6 +241,8 @@ def per_token_cast(
         x_ptr, data_ptr, sf.data_ptr(), config.get_amax_clamp_for_quant("e4m3", False),
         num_tokens, hidden, x.stride(0), data.stride(0), sf_stride_t, sf_stride_g,
     )  # fmt: skip
+    if out is not None:  # written in place, as by torch's out= ops
+        torch.autograd.graph.increment_version([t for t in out if t is not None])
     plan_key = (x.dtype, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                 False, False, out is None)  # fmt: skip
     if plan_key not in _PLANS and (out is None or (out[0] is not None and out[1] is not None)):
@@ -288,6 +290,9 @@ def _hot_plan(kernel, device, dtype, npc, col_major, packed, given_out):
         num_tokens="T", hidden="H", x_stride="xs", y_stride="ds", sf_stride_t=f"st * {unit}",
         sf_stride_g=f"sg * {unit}",
     )  # fmt: skip
+    if given_out:
+        b.bump(data)
+        b.bump(sf)
     b.returns((data, sf))
     return b.build()
 
