@@ -111,6 +111,10 @@ def cmd_doctor(args) -> int:
     print(f"tilebake {tilebake.__version__} (runtime) at {Path(tilebake.__file__).parent}")
     driver, driver_cuda_major = _driver()
     print(f"torch {torch.__version__}, CUDA runtime {torch.version.cuda}, driver {driver}")
+    from tilebake._runtime import plan
+
+    print("call path: " + ("native (torch's DLPack C exchange API 1.3)" if plan.available() else
+                           "Python (this torch has no DLPack C exchange API 1.3; calls cost more host time)"))  # fmt: skip
     manifest, reason = _kernels_or_reason()
     if manifest is None:
         print(f"{loader.CUDA_KERNELS_PACKAGE}: {reason}")
