@@ -154,3 +154,36 @@ def test_per_token_cast_plan(dtype, npc, col_major, packed, given):
     # what the Python path checks, the plan refuses
     assert trace(p, torch.randn(4, 24).to(dtype), out)[0] is NotImplemented  # H % 16
     assert trace(p, torch.randn(0, 64).to(dtype), out)[0] is NotImplemented  # no rows: the Python path
+
+
+def test_a_planned_key_still_traces_under_torch_compile(monkeypatch):
+    """A key with a plan (as after an eager CUDA call) does not reach the native call while
+    dynamo traces: fullgraph=True traces the op's torch.library node."""
+    import importlib
+
+    ptc = importlib.import_module("tilebake.quant.per_token_cast")
+    kernel = ManifestKernel(ptc.PerTokenCastVariant("bf16", "e4m3", 128, "fp32"))
+    key = (torch.bfloat16, "e4m3", 128, None, False, False, False, False, False, True)
+    monkeypatch.setitem(ptc._PLANS, key, ptc._hot_plan(kernel, 0, torch.bfloat16, 128, False, False, False))
+    x = torch.randn(33, 256).bfloat16()
+    data, sf = torch.compile(lambda t: ptc.per_token_cast(t, "e4m3", 128), fullgraph=True, backend="aot_eager")(x)
+    want = ptc.per_token_cast(x, "e4m3", 128)
+    assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(sf, want[1])
+
+
+def test_every_native_call_is_skipped_while_dynamo_traces():
+    """Each op's plan.run sits under `if not torch.compiler.is_compiling():` (the test above
+    shows why, for one op): a source check over every op module."""
+    from pathlib import Path
+
+    import tilebake
+
+    unguarded = []
+    for path in Path(tilebake.__file__).parent.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "plan.run(" in line and "def run" not in line:
+                above = "\n".join(lines[max(0, i - 3) : i])
+                if "torch.compiler.is_compiling()" not in above:
+                    unguarded.append(f"{path.name}:{i + 1}")
+    assert not unguarded, f"plan.run without the torch.compiler.is_compiling() guard: {unguarded}"

@@ -181,16 +181,18 @@ def per_token_cast(
         reference path (same bytes, slower).
     """
     # The native path: a call whose key has been seen runs as one plan (validate, allocate and
-    # launch in C); a call the plan does not take (NotImplemented) goes on below.
+    # launch in C); a call the plan does not take (NotImplemented) goes on below. Not while
+    # torch.compile traces (dynamo cannot trace the native call; the traced op runs it later).
     try:
         call = _PLANS[x.dtype, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                       use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out is None]  # fmt: skip
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, out)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, out)
+            if result is not NotImplemented:
+                return result
     # Validate. The non-tensor arguments are checked once per combination (the cached
     # kernel key); the tensor is checked on every call.
     try:
