@@ -82,12 +82,12 @@ int plan_eval(const int64_t *tok, int64_t n, const int64_t *reg, int64_t *out) {
     if (top < 2) return 1;
     int64_t b = stack[--top], a = stack[top - 1], r;
     switch (op) {
-      case T_ADD: r = a + b; break;
-      case T_SUB: r = a - b; break;
-      case T_MUL: r = a * b; break;
+      case T_ADD: if (__builtin_add_overflow(a, b, &r)) return 1; break; /* out of range: Python decides */
+      case T_SUB: if (__builtin_sub_overflow(a, b, &r)) return 1; break;
+      case T_MUL: if (__builtin_mul_overflow(a, b, &r)) return 1; break;
       case T_FLOORDIV: /* Python's floor division and modulo */
       case T_MOD: {
-        if (b == 0) return 1;
+        if (b == 0 || (a == INT64_MIN && b == -1)) return 1;
         int64_t q = a / b, m = a % b;
         if (m != 0 && ((m < 0) != (b < 0))) q -= 1, m += b;
         r = op == T_MOD ? m : q;
