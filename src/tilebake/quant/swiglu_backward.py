@@ -17,8 +17,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.quant import _plans_swiglu_backward as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -30,6 +32,7 @@ from tilebake.quant._common import (
     check_sf_options,
     sf_strides_for_kernel,
 )
+from tilebake.quant._plans_swiglu_forward import bools
 from tilebake.quant.swiglu_forward import (
     SWIGLU_NUM_PER_CHANNELS,
     check_psum,
@@ -78,6 +81,9 @@ _CAST_PARAMS += f32("amax_clamp")
 
 
 _KERNELS = KernelTable(SwigluBackwardVariant)
+# Call plans by call key (the fast path at the top of each op; _plans_swiglu_backward.py builds them).
+_PLANS = plan.cache()
+_CAST_PLANS = plan.cache()
 
 
 def _check_grad(act_x_grad, x, num_tokens, hidden) -> str:
@@ -178,6 +184,16 @@ def swiglu_backward(
         reduction summed in fp32 in the kernel's order; everything else is bit-equal to
         tilebake.torch.swiglu_backward on the same CUDA device, rounded to the output dtypes.
     """
+    # The native path (as in swiglu_forward; the scalars' classes keep True off a plan for 1.0).
+    try:
+        call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None, routed_scaling_factor,
+                      routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, do_recompute]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
+        if result is not NotImplemented:
+            return result
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -202,6 +218,13 @@ def swiglu_backward(
     if num_tokens:
         key = (grad_dtype, grad_dtype, fmt, 0, False, False)
         _launch(key, x, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp)
+        plan_key = (x.dtype, fmt, psum is None, topk_weights is None, routed_scaling_factor,
+                    routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, do_recompute)  # fmt: skip
+        if bools(do_recompute) and plan_key not in _PLANS:
+            _PLANS[plan_key] = plan.build_if_available(
+                _plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, out_dtype, psum is not None,
+                topk_weights is not None, scale, clamp, do_recompute,
+            )  # fmt: skip
     return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
 
 
@@ -236,6 +259,17 @@ def swiglu_backward_and_per_token_cast(
         topk_weights], [act_out (E, H) in act_x_grad's dtype if do_recompute]). x_grad_fp8 is
         the per-token cast of the fp32 gradient (not of x_grad rounded to bf16).
     """
+    try:  # the native path, as in swiglu_backward
+        call = _CAST_PLANS[act_x_grad.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
+                           topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
+                           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
+                           clamp_value.__class__, do_recompute]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
+        if result is not NotImplemented:
+            return result
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")
@@ -295,6 +329,15 @@ def swiglu_backward_and_per_token_cast(
                  amax_clamp)  # fmt: skip
         _launch(key, data, act_x_grad, x_grad, act_out, weight_grad, psum, topk_weights, scale, clamp,
                 extra)  # fmt: skip
+        flags = (use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, do_recompute)
+        plan_key = (act_x_grad.dtype, fmt, num_per_channels, psum is None, topk_weights is None, routed_scaling_factor,
+                    routed_scaling_factor.__class__, *flags[:3], clamp_value, clamp_value.__class__, do_recompute)
+        if bools(*flags) and plan_key not in _CAST_PLANS:
+            _CAST_PLANS[plan_key] = plan.build_if_available(
+                _plans.backward_cast_plan, _KERNELS[key], data.get_device(), act_x_grad.dtype, int(num_per_channels),
+                psum is not None, topk_weights is not None, scale, clamp, use_tma_aligned_col_major_sf,
+                use_packed_ue8m0, do_recompute,
+            )  # fmt: skip
     return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
 
 

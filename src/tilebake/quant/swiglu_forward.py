@@ -18,8 +18,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.quant import _plans_swiglu_forward as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -72,6 +74,9 @@ _CAST_PARAMS = ptr("S") + i32("sf_stride_t", "sf_stride_g") + f32("amax_clamp")
 
 
 _KERNELS = KernelTable(SwigluForwardVariant)
+# Call plans by call key (the fast path at the top of each op; _plans_swiglu_forward.py builds them).
+_PLANS = plan.cache()
+_CAST_PLANS = plan.cache()
 
 
 def check_swiglu_input(x, name: str = "x") -> tuple[int, int]:
@@ -223,6 +228,19 @@ def swiglu_forward(
         that reference evaluated on the same CUDA device (CPU tensors take the reference path,
         whose CPU exp may differ from CUDA's expf in the last bit).
     """
+    # The native path: a call whose key has been seen runs as one plan (validate, allocate and
+    # launch in C); a call the plan does not take (NotImplemented) goes on below. The scalars'
+    # classes are in the key: True == 1.0 would otherwise find a plan the Python path refuses.
+    try:
+        call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None,
+                      routed_scaling_factor, routed_scaling_factor.__class__, clamp_value, clamp_value.__class__,
+                      clamped_count is None]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
+        if result is not NotImplemented:
+            return result
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
@@ -240,6 +258,14 @@ def swiglu_forward(
     key = (in_dtype, fmt, 0, False, False)
     _launch(key, x, y, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
             clamped_count)  # fmt: skip
+    if clamped_count is None:  # (its accumulation, a torch sum, stays on this path)
+        plan_key = (x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None, routed_scaling_factor,
+                    routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, True)  # fmt: skip
+        if plan_key not in _PLANS:
+            _PLANS[plan_key] = plan.build_if_available(
+                _plans.forward_plan, _KERNELS[key], x.get_device(), x.dtype, y.dtype,
+                psum_num_tokens_per_expert is not None, topk_weights is not None, scale, clamp,
+            )  # fmt: skip
     return y
 
 
@@ -268,6 +294,17 @@ def swiglu_forward_and_per_token_cast(
         (data e4m3 (E, H), sf): bit-equal to tilebake.torch.cast of the fp32 reference values
         (not of values rounded to bf16), padding rows included.
     """
+    try:  # the native path, as in swiglu_forward
+        call = _CAST_PLANS[x.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
+                           topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
+                           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
+                           clamp_value.__class__, clamped_count is None]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
+        if result is not NotImplemented:
+            return result
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")
@@ -302,6 +339,16 @@ def swiglu_forward_and_per_token_cast(
     sf_stride_t, sf_stride_g = sf_strides_for_kernel(sf, use_packed_ue8m0)
     _launch(key, x, data, num_tokens, hidden, psum_num_tokens_per_expert, topk_weights, scale, clamp,
             clamped_count, extra=(sf.data_ptr(), sf_stride_t, sf_stride_g, amax_clamp))  # fmt: skip
+    if clamped_count is None and _plans.bools(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
+        plan_key = (x.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None, topk_weights is None,
+                    routed_scaling_factor, routed_scaling_factor.__class__, use_tma_aligned_col_major_sf, round_sf,
+                    use_packed_ue8m0, clamp_value, clamp_value.__class__, True)  # fmt: skip
+        if plan_key not in _CAST_PLANS:
+            _CAST_PLANS[plan_key] = plan.build_if_available(
+                _plans.forward_cast_plan, _KERNELS[key], x.get_device(), x.dtype, int(num_per_channels),
+                psum_num_tokens_per_expert is not None, topk_weights is not None, scale, clamp,
+                use_tma_aligned_col_major_sf, use_packed_ue8m0,
+            )  # fmt: skip
     return data, sf
 
 
