@@ -19,8 +19,8 @@ pytestmark = needs_plans
 
 F = importlib.import_module("tilebake.quant.swiglu_forward")
 B = importlib.import_module("tilebake.quant.swiglu_backward")
-PF = importlib.import_module("tilebake.quant._plans_swiglu_forward")
-PB = importlib.import_module("tilebake.quant._plans_swiglu_backward")
+PF = importlib.import_module("tilebake.quant._swiglu_forward_plans")
+PB = importlib.import_module("tilebake.quant._swiglu_backward_plans")
 NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -386,3 +386,26 @@ def test_scalar_keys_keep_bools_off_float_plans(monkeypatch):
         with pytest.raises(TypeError, match="clamp_value"):
             F.swiglu_forward(fake(x), "bf16", None, None, 1.0, True)
     F._PLANS.clear()
+
+
+def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
+    """With each op's plan built for a key (as after an eager CUDA call), torch.compile
+    (fullgraph=True) of a call with that key traces the op's torch.library node, not the plan."""
+    x, g, w = make_x((7, 256), torch.bfloat16, False), make_x((7, 128), torch.bfloat16, False), torch.rand(7)
+    data, x_sf = make_x((7, 256), torch.float8_e4m3fn, False), torch.rand(7, 2)
+    ops = [
+        (F, lambda x, g, w, data, x_sf: F.swiglu_forward(x, "bf16", None, w, 2.0)),
+        (F, lambda x, g, w, data, x_sf: F.swiglu_forward_and_per_token_cast(x, "e4m3", 128, None, w, 2.0)),
+        (B, lambda x, g, w, data, x_sf: B.swiglu_backward(x, g, "bf16", None, w, 2.0, None, True)),
+        (B, lambda x, g, w, data, x_sf: B.swiglu_backward_and_per_token_cast((data, x_sf), g, "e4m3", 128)),
+    ]
+    tensors = (x, g, w, data, x_sf)
+    for module, op in ops:
+        with monkeypatch.context() as m:
+            m.setattr(module, "_KERNELS", RecordingTable(module._KERNELS.variant_type))
+            op(*map(fake, tensors))  # the Python path builds the plan
+        assert len(module._PLANS) + len(module._CAST_PLANS) == 1
+        got = torch.compile(op, fullgraph=True, backend="aot_eager")(*tensors)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(op(*tensors))):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        module._PLANS.clear(), module._CAST_PLANS.clear()

@@ -20,7 +20,7 @@ from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
-from tilebake.quant import _plans_swiglu_backward as _plans
+from tilebake.quant import _swiglu_backward_plans as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -32,7 +32,7 @@ from tilebake.quant._common import (
     check_sf_options,
     sf_strides_for_kernel,
 )
-from tilebake.quant._plans_swiglu_forward import bools
+from tilebake.quant._swiglu_forward_plans import bools
 from tilebake.quant.swiglu_forward import (
     SWIGLU_NUM_PER_CHANNELS,
     check_psum,
@@ -81,7 +81,7 @@ _CAST_PARAMS += f32("amax_clamp")
 
 
 _KERNELS = KernelTable(SwigluBackwardVariant)
-# Call plans by call key (the fast path at the top of each op; _plans_swiglu_backward.py builds them).
+# Call plans by call key (the fast path at the top of each op; _swiglu_backward_plans.py builds them).
 _PLANS = plan.cache()
 _CAST_PLANS = plan.cache()
 
@@ -191,9 +191,10 @@ def swiglu_backward(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -267,9 +268,10 @@ def swiglu_backward_and_per_token_cast(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")

@@ -21,7 +21,7 @@ from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
-from tilebake.quant import _plans_swiglu_forward as _plans
+from tilebake.quant import _swiglu_forward_plans as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
     FLOAT_FORMATS,
@@ -74,7 +74,7 @@ _CAST_PARAMS = ptr("S") + i32("sf_stride_t", "sf_stride_g") + f32("amax_clamp")
 
 
 _KERNELS = KernelTable(SwigluForwardVariant)
-# Call plans by call key (the fast path at the top of each op; _plans_swiglu_forward.py builds them).
+# Call plans by call key (the fast path at the top of each op; _swiglu_forward_plans.py builds them).
 _PLANS = plan.cache()
 _CAST_PLANS = plan.cache()
 
@@ -229,8 +229,10 @@ def swiglu_forward(
         whose CPU exp may differ from CUDA's expf in the last bit).
     """
     # The native path: a call whose key has been seen runs as one plan (validate, allocate and
-    # launch in C); a call the plan does not take (NotImplemented) goes on below. The scalars'
-    # classes are in the key: True == 1.0 would otherwise find a plan the Python path refuses.
+    # launch in C); a call the plan does not take (NotImplemented) goes on below. Not while
+    # torch.compile traces (dynamo cannot trace the native call; the traced op runs it later).
+    # The scalars' classes are in the key: True == 1.0 would otherwise find a plan the Python
+    # path refuses.
     try:
         call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None,
                       routed_scaling_factor, routed_scaling_factor.__class__, clamp_value, clamp_value.__class__,
@@ -238,9 +240,10 @@ def swiglu_forward(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, tuple(FLOAT_DTYPES))
     in_dtype, num_tokens, hidden, scale, clamp = _check_common(
         x, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, clamped_count
@@ -302,9 +305,10 @@ def swiglu_forward_and_per_token_cast(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in SWIGLU_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {SWIGLU_NUM_PER_CHANNELS}, got {num_per_channels!r}")

@@ -8,7 +8,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import plan
-from tilebake.quant._plans_swiglu_forward import alloc_sf, read_psum_and_weights, read_swiglu_input, scalar_args
+from tilebake.quant._swiglu_forward_plans import alloc_sf, read_psum_and_weights, read_swiglu_input, scalar_args
 
 
 def _read_grad(b: plan.Builder, dtype: torch.dtype):

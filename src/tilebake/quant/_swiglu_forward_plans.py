@@ -1,5 +1,5 @@
 """Call plans (tilebake/_runtime/plan.py) of swiglu_forward and swiglu_forward_and_per_token_cast,
-and the parts the backward plans share (_plans_swiglu_backward.py): the SwiGLU input, the psum
+and the parts the backward plans share (_swiglu_backward_plans.py): the SwiGLU input, the psum
 layout, topk_weights and the e4m3 cast's SF allocation. Each plan does what the op's Python path
 does for one call key (same checks or stricter, same allocations and kernel arguments); the
 Python path builds them once per key after a successful launch."""
