@@ -22,15 +22,15 @@ B = importlib.import_module("tilebake.quant.swiglu_backward")
 PF = importlib.import_module("tilebake.quant._swiglu_forward_plans")
 PB = importlib.import_module("tilebake.quant._swiglu_backward_plans")
 NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+SF_MODES = ((False, False), (True, False), (True, True))  # (round_sf, use_packed_ue8m0)
+# (T, 2H): one row; H % 128 == 64; an odd row count and a wide layer
+SHAPES = ((1, 128), (7, 384), (8001 % 37, 2 * 7168))
 
 
 def idfn(value):
     if isinstance(value, torch.dtype):
         return NAMES[value]
     return "-".join(map(str, value)) if isinstance(value, tuple) else None
-SF_MODES = ((False, False), (True, False), (True, True))  # (round_sf, use_packed_ue8m0)
-# (T, 2H): one row; H % 128 == 64; an odd row count and a wide layer
-SHAPES = ((1, 128), (7, 384), (8001 % 37, 2 * 7168))
 
 
 def f32(value: float) -> float:
@@ -75,7 +75,7 @@ def case_options(i):
 
 # --- swiglu_forward ---
 
-FWD_CASES = list(itertools.product((torch.bfloat16, torch.float32), ("bf16", "fp32"), range(4)))
+FWD_CASES = list(itertools.product((torch.bfloat16, torch.float32), ("bf16", "fp32"), range(8)))
 
 
 @pytest.mark.parametrize("dtype,fmt,i", FWD_CASES, ids=idfn)
@@ -161,7 +161,7 @@ def test_swiglu_forward_and_per_token_cast_plan(dtype, npc, sf_mode, col):
 
 # --- swiglu_backward ---
 
-BWD_CASES = list(itertools.product((torch.bfloat16, torch.float32), ("bf16", "fp32"), range(4), (False, True)))
+BWD_CASES = list(itertools.product((torch.bfloat16, torch.float32), ("bf16", "fp32"), range(8), (False, True)))
 
 
 def expected_backward(x, g, results, weights, do_recompute, psum, scale, clamp):
