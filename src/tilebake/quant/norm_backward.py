@@ -17,8 +17,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.quant import _norm_plans
 from tilebake.quant._common import FLOAT_FORMATS
 from tilebake.quant.norm_forward import (
     check_float,
@@ -26,6 +28,7 @@ from tilebake.quant.norm_forward import (
     check_norm_rows,
     check_pointers,
     check_weight,
+    remember_plan,
     rows_strides,
 )
 
@@ -60,6 +63,9 @@ class NormBackwardVariant(Variant):
 CTAS_PER_SM = {torch.bfloat16: 2, torch.float32: 1}
 _KERNELS = KernelTable(NormBackwardVariant)
 _WEIGHT_GRAD_DTYPES = (torch.bfloat16, torch.float32)
+# Call plans (_norm_plans.backward_plan) by call key: they check, allocate and launch; the
+# weight-gradient partials are summed here (no kernel for that).
+_PLANS = plan.cache()
 
 
 def _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad) -> float:
@@ -121,11 +127,30 @@ def norm_backward(
         addition, else a new tensor in weight's dtype; None without weight. CPU tensors take
         the reference path.
     """
+    try:
+        call = _PLANS[x.dtype, weight is None, residual_out_grad is None, out_scale, out_scale.__class__,
+                      weight_grad is None]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, out_grad, x, weight, rstd, residual_out_grad, weight_grad)
+        if result is not NotImplemented:
+            x_grad, partials = result
+            return x_grad, (_accumulate(partials.sum(0), weight, weight_grad) if partials is not None else None)
+    out_scale_arg = out_scale  # as passed: the plan key's
     out_scale = _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     if torch.compiler.is_compiling():
         x_grad, dw = torch.ops.tilebake.norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
         return x_grad, _accumulate(dw if weight is not None else None, weight, weight_grad)
     x_grad, dw = _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+    if x.is_cuda and x.shape[0]:
+        plan_key = (x.dtype, weight is None, residual_out_grad is None, out_scale_arg, out_scale_arg.__class__,
+                    weight_grad is None)  # fmt: skip
+        key = (FLOAT_FORMATS[x.dtype], weight is not None, residual_out_grad is not None)
+        remember_plan(
+            _PLANS, plan_key, _norm_plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, *key[1:],
+            out_scale, weight_grad.dtype if weight_grad is not None else None, config.get_num_sms(),
+        )  # fmt: skip
     return x_grad, _accumulate(dw, weight, weight_grad)
 
 

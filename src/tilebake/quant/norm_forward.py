@@ -16,6 +16,7 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -30,6 +31,7 @@ from tilebake.quant._common import (
     sf_layout,
     split_out,
 )
+from tilebake.quant import _norm_plans
 from tilebake.utils import align
 
 
@@ -189,6 +191,11 @@ def forward_params(has_weight: bool, has_residual: bool, quant: bool):
 
 _FORWARD_KERNELS = KernelTable(NormForwardVariant)
 _CAST_KERNELS = KernelTable(NormForwardCastVariant)
+# Call plans by call key (_norm_plans.py). eps and out_scale are baked in, so a caller varying
+# them per call would build a plan per value: past MAX_PLANS keys, new ones stay on the Python path.
+_FORWARD_PLANS = plan.cache()
+_CAST_PLANS = plan.cache()
+MAX_PLANS = 64
 
 
 def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hidden_multiple):
@@ -264,6 +271,17 @@ def norm_forward(
         (out in x's dtype, rstd fp32 of shape x.shape[:-1] or None, norm_input); without
         residual norm_input is x itself. CPU tensors take the reference path.
     """
+    # The native path: a call whose key has been seen runs as one plan; NotImplemented: go on below.
+    try:
+        call = _FORWARD_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, residual is None, out_scale,
+                              out_scale.__class__, out is None, residual_out is None, with_rstd]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, weight, residual, out, residual_out)
+        if result is not NotImplemented:
+            return result
+    eps_arg, out_scale_arg = eps, out_scale  # as passed: the plan key's
     eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
     if out is not None:
         check_out_like(out, "out", x)
@@ -284,13 +302,41 @@ def norm_forward(
             norm_input = residual_out.copy_(norm_input)
         return y, (rstd if with_rstd else None), norm_input
 
+    plan_key = (x.dtype, x.ndim, weight is None, eps_arg, eps_arg.__class__, residual is None, out_scale_arg,
+                out_scale_arg.__class__, out is None, residual_out is None, with_rstd)  # fmt: skip
+    given_out, given_ro = out is not None, residual is not None and residual_out is not None
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if residual is not None and residual_out is None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
     _launch_forward(_FORWARD_KERNELS, x, weight, eps, residual, out_scale, out, residual_out, rstd)
+    _count_writes(out if given_out else None, residual_out if given_ro else None)
+    if x.numel():
+        key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None)
+        remember_plan(
+            _FORWARD_PLANS, plan_key, _norm_plans.forward_plan, _FORWARD_KERNELS[key], x.get_device(), x.dtype,
+            x.dim(), *key[1:], eps, out_scale, given_out, given_ro, bool(with_rstd),
+        )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
+
+
+def _count_writes(*tensors) -> None:
+    """Bump the version counters of the given tensors a kernel wrote, as torch's out= ops do."""
+    for t in tensors:
+        if t is not None:
+            torch.autograd.graph.increment_version(t)
+
+
+def remember_plan(plans: dict, key: tuple, make, *args) -> None:
+    """plans[key] = make(*args) (where torch has the exchange API) once per key, for at most
+    MAX_PLANS keys; a key with an unhashable argument gets none."""
+    try:
+        if key in plans or len(plans) >= MAX_PLANS:
+            return
+    except TypeError:
+        return
+    plans[key] = plan.build_if_available(make, *args)
 
 
 # --- norm_forward_and_per_token_cast ---
@@ -422,6 +468,18 @@ def norm_forward_and_per_token_cast(
         ((data, sf), out_bf16 or None, rstd or None, norm_input). CPU tensors take the
         reference path (same bytes).
     """
+    try:
+        call = _CAST_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, fmt, num_per_channels, residual is None,
+                           out_scale, out_scale.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                           with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,
+                           mega_moe_block_m, mega_moe_block_m.__class__, with_rstd]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, weight, residual, out, out_bf16, residual_out, mega_moe_sf)
+        if result is not NotImplemented:
+            return result
+    eps_arg, out_scale_arg = eps, out_scale  # as passed: the plan key's
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in CAST_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
         raise ValueError(f"num_per_channels must be one of {CAST_NUM_PER_CHANNELS}, got {num_per_channels!r}")
@@ -450,6 +508,14 @@ def norm_forward_and_per_token_cast(
             rstd if with_rstd else None,
             x if residual is None else _into(residual_out, norm_input),
         )
+    plan_key = (x.dtype, x.ndim, weight is None, eps_arg, eps_arg.__class__, fmt, num_per_channels, residual is None,
+                out_scale_arg, out_scale_arg.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,
+                mega_moe_block_m, mega_moe_block_m.__class__, with_rstd)  # fmt: skip
+    # what the kernel writes of the caller's tensors, and whether a plan takes this call's out=
+    given = (data, sf, out_bf16, residual_out if residual is not None else None, mega_moe_sf)
+    plan_out = out is None or (data is not None and sf is not None)
+    given_bf16, given_ro = out_bf16 is not None, residual is not None and residual_out is not None
     if data is None:
         data = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
     if sf is None:
@@ -497,6 +563,16 @@ def norm_forward_and_per_token_cast(
         MM=(mega_moe_sf if mega_moe_sf is not None else sf).data_ptr(), mm_rows=mega_rows,
         mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
     )  # fmt: skip
+    _count_writes(*given)
+    # A plan for out=None and out= fully given; with either part None, the Python path.
+    if x.numel() and plan_out:
+        key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, num_per_channels)
+        remember_plan(
+            _CAST_PLANS, plan_key, _norm_plans.cast_plan, _CAST_KERNELS[key], x.get_device(), x.dtype, x.dim(),
+            *key[1:3], eps, out_scale, num_per_channels, bool(use_tma_aligned_col_major_sf), bool(round_sf),
+            bool(use_packed_ue8m0), bool(with_out_bf16), out is not None, given_bf16, given_ro,
+            mega_moe_block_m, bool(with_rstd), amax_clamp, config.get_num_sms(),
+        )  # fmt: skip
     return (data, sf), out_bf16, rstd, (x if residual is None else residual_out)
 
 
