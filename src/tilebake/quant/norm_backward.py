@@ -4,7 +4,9 @@ Validate, allocate, launch. The kernel (kernels_tl/quant/norm_backward.py) is pe
 min(CTAS_PER_SM * num_sms, num_tokens) CTAs (2 per SM for bf16, 1 for fp32) each write their
 fp32 weight-gradient partial sums to one row of a (num_ctas, hidden) buffer, which torch then
 sums (the original syncs the grid in a cooperative launch instead; the plain launcher has none).
-The reference (and the CPU path) is tilebake.torch.norm_backward_ref.
+The reference (and the CPU path) is tilebake.torch.norm_backward_ref. A CUDA call whose key
+was seen before runs its checks, allocations and launch as one call plan (quant/_norm_plans.py);
+the partials are summed here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from tilebake.quant.norm_forward import (
     check_norm_rows,
     check_pointers,
     check_weight,
-    remember_plan,
     rows_strides,
 )
 
@@ -133,10 +134,11 @@ def norm_backward(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, out_grad, x, weight, rstd, residual_out_grad, weight_grad)
-        if result is not NotImplemented:
-            x_grad, partials = result
-            return x_grad, (_accumulate(partials.sum(0), weight, weight_grad) if partials is not None else None)
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, out_grad, x, weight, rstd, residual_out_grad, weight_grad)
+            if result is not NotImplemented:
+                x_grad, partials = result
+                return x_grad, (_accumulate(partials.sum(0), weight, weight_grad) if partials is not None else None)
     out_scale_arg = out_scale  # as passed: the plan key's
     out_scale = _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     if torch.compiler.is_compiling():
@@ -147,7 +149,7 @@ def norm_backward(
         plan_key = (x.dtype, weight is None, residual_out_grad is None, out_scale_arg, out_scale_arg.__class__,
                     weight_grad is None)  # fmt: skip
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual_out_grad is not None)
-        remember_plan(
+        _norm_plans.remember_plan(
             _PLANS, plan_key, _norm_plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, *key[1:],
             out_scale, weight_grad.dtype if weight_grad is not None else None, config.get_num_sms(),
         )  # fmt: skip

@@ -3,7 +3,8 @@ optionally followed by a per-token FP8 e4m3 cast.
 
 Validate, allocate, launch. One TileLang factory (kernels_tl/quant/norm_forward.py) serves
 both ops; the reference (and the CPU path) is tilebake.torch.norm_forward_ref, followed by
-tilebake.torch.cast for the quantised op.
+tilebake.torch.cast for the quantised op. A CUDA call whose key was seen before runs as one
+call plan (validate, allocate, launch in C; quant/_norm_plans.py builds them).
 """
 
 from __future__ import annotations
@@ -191,11 +192,9 @@ def forward_params(has_weight: bool, has_residual: bool, quant: bool):
 
 _FORWARD_KERNELS = KernelTable(NormForwardVariant)
 _CAST_KERNELS = KernelTable(NormForwardCastVariant)
-# Call plans by call key (_norm_plans.py). eps and out_scale are baked in, so a caller varying
-# them per call would build a plan per value: past MAX_PLANS keys, new ones stay on the Python path.
+# Call plans by call key (_norm_plans.py: built by remember_plan, at most MAX_PLANS keys an op).
 _FORWARD_PLANS = plan.cache()
 _CAST_PLANS = plan.cache()
-MAX_PLANS = 64
 
 
 def _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, hidden_multiple):
@@ -278,9 +277,10 @@ def norm_forward(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, weight, residual, out, residual_out)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, x, weight, residual, out, residual_out)
+            if result is not NotImplemented:
+                return result
     eps_arg, out_scale_arg = eps, out_scale  # as passed: the plan key's
     eps, out_scale = _check_forward_inputs(x, weight, eps, residual, out_scale, residual_out, 16)
     if out is not None:
@@ -311,32 +311,14 @@ def norm_forward(
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
     _launch_forward(_FORWARD_KERNELS, x, weight, eps, residual, out_scale, out, residual_out, rstd)
-    _count_writes(out if given_out else None, residual_out if given_ro else None)
+    _norm_plans.count_writes(out if given_out else None, residual_out if given_ro else None)
     if x.numel():
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None)
-        remember_plan(
+        _norm_plans.remember_plan(
             _FORWARD_PLANS, plan_key, _norm_plans.forward_plan, _FORWARD_KERNELS[key], x.get_device(), x.dtype,
             x.dim(), *key[1:], eps, out_scale, given_out, given_ro, bool(with_rstd),
         )  # fmt: skip
     return out, rstd, (x if residual is None else residual_out)
-
-
-def _count_writes(*tensors) -> None:
-    """Bump the version counters of the given tensors a kernel wrote, as torch's out= ops do."""
-    for t in tensors:
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
-
-
-def remember_plan(plans: dict, key: tuple, make, *args) -> None:
-    """plans[key] = make(*args) (where torch has the exchange API) once per key, for at most
-    MAX_PLANS keys; a key with an unhashable argument gets none."""
-    try:
-        if key in plans or len(plans) >= MAX_PLANS:
-            return
-    except TypeError:
-        return
-    plans[key] = plan.build_if_available(make, *args)
 
 
 # --- norm_forward_and_per_token_cast ---
@@ -476,9 +458,10 @@ def norm_forward_and_per_token_cast(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, weight, residual, out, out_bf16, residual_out, mega_moe_sf)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, x, weight, residual, out, out_bf16, residual_out, mega_moe_sf)
+            if result is not NotImplemented:
+                return result
     eps_arg, out_scale_arg = eps, out_scale  # as passed: the plan key's
     check_fmt(fmt, ("e4m3",))
     if num_per_channels not in CAST_NUM_PER_CHANNELS or isinstance(num_per_channels, bool):
@@ -563,11 +546,11 @@ def norm_forward_and_per_token_cast(
         MM=(mega_moe_sf if mega_moe_sf is not None else sf).data_ptr(), mm_rows=mega_rows,
         mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
     )  # fmt: skip
-    _count_writes(*given)
+    _norm_plans.count_writes(*given)
     # A plan for out=None and out= fully given; with either part None, the Python path.
     if x.numel() and plan_out:
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, num_per_channels)
-        remember_plan(
+        _norm_plans.remember_plan(
             _CAST_PLANS, plan_key, _norm_plans.cast_plan, _CAST_KERNELS[key], x.get_device(), x.dtype, x.dim(),
             *key[1:3], eps, out_scale, num_per_channels, bool(use_tma_aligned_col_major_sf), bool(round_sf),
             bool(use_packed_ue8m0), bool(with_out_bf16), out is not None, given_bf16, given_ro,
