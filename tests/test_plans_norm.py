@@ -338,11 +338,17 @@ class _Lookups(dict):
 
 @pytest.mark.gpu
 def test_gpu_second_calls_take_their_plans(monkeypatch):
+    from tilebake._runtime import plan
+
     def twice(module, cache, fn):
-        lookups = _Lookups()
+        lookups, ran = _Lookups(), []
         monkeypatch.setattr(module, cache, lookups)
-        first, second = fn(), fn()
+        first = fn()  # the Python path, which builds the plan (and sets plan.run to the native call)
+        native_run = plan.run
+        monkeypatch.setattr(plan, "run", lambda *a: ran.append(native_run(*a)) or ran[-1])
+        second = fn()
         assert lookups.found == [False, True], lookups.found
+        assert len(ran) == 1 and ran[0] is not NotImplemented, "the plan sent the call to the Python path"
         for a, b in zip(torch.utils._pytree.tree_leaves(first), torch.utils._pytree.tree_leaves(second)):
             if a is None or b is None:
                 assert a is b
