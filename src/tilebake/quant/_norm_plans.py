@@ -91,17 +91,17 @@ def _alloc_like_x(b, dtype, ndim, p) -> plan.Ref:
     return ref
 
 
-def _forward_common(b, dtype, ndim, has_weight, has_residual, given_out, given_residual_out, out_dtype):
-    """x (arg 0), weight (1), residual (2), out (3, or its item 0 for the cast: `given_out` is
-    that arg), residual_out (5 for the cast, else 4), checked; out and residual_out allocated
-    where not given. Returns (x, weight, residual, out, residual_out, given refs)."""
+def _forward_common(b, dtype, ndim, has_weight, has_residual, out_arg, residual_out_arg, out_dtype):
+    """The inputs x (arg 0), weight (1) and residual (2), and where given (their run() argument
+    not None) out and residual_out, checked. Returns (x, weight, residual, out, residual_out,
+    the given outputs)."""
     x = _x(b, 0, dtype, ndim, 16)
     weight = b.tensor(1, dtype, ("H",), strides=(1,)) if has_weight else None
     residual = _like_x(b, 2, dtype, ndim, "r", written=False) if has_residual else None
-    out = _like_x(b, given_out, out_dtype, ndim, "o", written=True) if given_out is not None else None
+    out = _like_x(b, out_arg, out_dtype, ndim, "o", written=True) if out_arg is not None else None
     residual_out = None
-    if has_residual and given_residual_out is not None:
-        residual_out = _like_x(b, given_residual_out, dtype, ndim, "ro", written=True)
+    if has_residual and residual_out_arg is not None:
+        residual_out = _like_x(b, residual_out_arg, dtype, ndim, "ro", written=True)
     given = [t for t in (out, residual_out) if t is not None]
     return x, weight, residual, out, residual_out, given
 
