@@ -71,13 +71,21 @@ def test_allocates_and_returns_the_structure():
         torch.randn(3, 60).bfloat16(),  # the check
         torch.randn(64, 3).bfloat16().t(),  # stride
         torch.randn(3 * 64 + 1).bfloat16()[1:].view(3, 64),  # alignment
-        torch.nn.Parameter(torch.randn(3, 64).bfloat16()),  # a subclass
+        torch.randn(3, 64).bfloat16().as_subclass(type("Sub", (torch.Tensor,), {})),  # a subclass
         None,
         "x",
     ],
 )
 def test_unexpected_arguments_take_the_python_path(arg):
     assert trace(_one_tensor_plan(), arg)[0] is NotImplemented
+
+
+def test_parameters_and_tensors_requiring_grad_take_the_plan():
+    """Model weights are nn.Parameters: the plan takes them (and tensors requiring grad), as the
+    Python path does."""
+    for t in (torch.nn.Parameter(torch.randn(3, 64).bfloat16()), torch.randn(3, 64).bfloat16().requires_grad_()):
+        (y, _, same), _ = trace(_one_tensor_plan(), t)
+        assert same is t and y.shape == (3, 8)
 
 
 def test_cpu_tensors_are_never_launched():
@@ -101,7 +109,7 @@ def test_without_the_exchange_api_no_plan_is_built(monkeypatch):
         pass
 
     with pytest.raises(AttributeError):
-        _native().plan(b"", (), (), None, NoCapsule)
+        _native().plan(b"", (), (), None, NoCapsule, NoCapsule)
     monkeypatch.setattr(plan, "available", lambda: False)
     assert plan.build_if_available(lambda: pytest.fail("built")) is None
 

@@ -22,16 +22,17 @@ static void plan_free(PyObject *capsule) {
   Py_XDECREF(p->resolvers);
   Py_XDECREF(p->bump);
   Py_XDECREF(p->tensor_type);
+  Py_XDECREF(p->param_type);
   free(p);
 }
 
-/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type) -> capsule */
+/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type, param_type) -> capsule */
 PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   char *bytes;
   Py_ssize_t nbytes;
-  if (nargs != 5 || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
+  if (nargs != 6 || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
       !PyTuple_Check(args[2]) || PyTuple_Size(args[2]) > MAX_KERNELS) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type)");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type, param_type)");
     return NULL;
   }
   PyObject *capsule_obj = PyObject_GetAttrString(args[4], "__dlpack_c_exchange_api__");
@@ -57,6 +58,7 @@ PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   Py_INCREF(args[2]), p->resolvers = args[2];
   Py_INCREF(args[3]), p->bump = args[3];
   Py_INCREF(args[4]), p->tensor_type = args[4];
+  Py_INCREF(args[5]), p->param_type = args[5];
   PyObject *capsule = PyCapsule_New(p, "tilebake.plan", plan_free);
   if (!capsule || PyErr_Occurred()) return Py_XDECREF(capsule), NULL; /* plan_free ran if created */
   return capsule;

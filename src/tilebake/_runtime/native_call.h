@@ -68,7 +68,8 @@ typedef struct {
   float *floats;
   PyObject *resolvers; /* tuple: resolvers[k](device) -> kernel handle (int) or None */
   PyObject *bump;      /* torch.autograd.graph.increment_version */
-  PyObject *tensor_type;
+  PyObject *tensor_type; /* torch.Tensor */
+  PyObject *param_type;  /* torch.nn.Parameter: a subclass that overrides nothing a kernel sees */
   const ExchangeAPI *api;
   Loaded *handles[MAX_KERNELS][MAX_DEVICES];
 } Plan;

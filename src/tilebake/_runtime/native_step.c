@@ -45,7 +45,9 @@ static int read_tensor(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs
     if (!PyTuple_Check(obj) || PyTuple_Size(obj) <= item) return 1; /* lists etc.: the Python path */
     obj = PyTuple_GetItem(obj, item);
   }
-  if (Py_TYPE(obj) != (PyTypeObject *)p->tensor_type) return 1; /* None, subclasses (fake tensors) */
+  PyTypeObject *type = Py_TYPE(obj);
+  if (type != (PyTypeObject *)p->tensor_type && type != (PyTypeObject *)p->param_type)
+    return 1; /* None, other subclasses (fake, functional, distributed tensors) */
   DLTensor *t = &c->dl[a[1]];
   if (p->api->view_of_py(obj, t)) return 1; /* e.g. requires_grad, conjugate views */
   t->data = (char *)t->data + t->byte_offset;

@@ -13,6 +13,7 @@ the Python path has validated by then), and later calls cost a dict lookup and o
     plan = b.build()
     result = run(plan, x_tensor)   # NotImplemented: take the Python path
 
+Tensors are exactly torch.Tensor or torch.nn.Parameter (other subclasses take the Python path).
 Shapes and strides name symbols: the first use binds one, later uses check it; an int or an
 expression is checked. Expressions are integer arithmetic (+ - * // % min max), comparisons,
 and/or/not over symbols. A plan accepts exactly the tensors it describes (exact torch.Tensor
@@ -55,7 +56,7 @@ def available() -> bool:
     from tilebake._runtime.loader import _native
 
     try:
-        _native().plan(b"", (), (), torch.autograd.graph.increment_version, torch.Tensor)
+        _native().plan(b"", (), (), torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter)
     except (AttributeError, RuntimeError, ValueError):
         return False
     return True
@@ -246,7 +247,9 @@ class Builder:
         resolvers = tuple(functools.partial(_resolve, kernel, spec) for kernel, spec in self.kernels)
         code = struct.pack(f"<{len(self.code)}q", *self.code)
         globals()["run"] = _native().run
-        return _native().plan(code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor)
+        return _native().plan(
+            code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter
+        )
 
 
 def _rename(tree, names):
