@@ -186,6 +186,11 @@ class Builder:
             ref.ndim = len(sizes)
         return ref
 
+    def address(self, ref: Ref, name: str) -> None:
+        """Bind symbol `name` to ref's data address (bytes): pointers into one allocation
+        (`name + offset` as a pointer parameter)."""
+        self.code += [OP_PTR, ref.slot, self._reg(name)]
+
     def disjoint(self, a: Ref, b: Ref) -> None:
         self.code += [OP_DISJOINT, a.slot, b.slot]
 

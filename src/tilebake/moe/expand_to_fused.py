@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import alloc_fused_sf, check_positions, check_quant_input
@@ -115,6 +116,14 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         (as get_fused_mapping makes them); otherwise its content is unspecified. CPU tensors take
         the reference path (tilebake.torch.expand_to_fused).
     """
+    try:  # the native path (moe/_plans_mapping.py); NotImplemented: the Python path below
+        call = _PLANS[x.dtype]
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
+        if result is not NotImplemented:
+            return result
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_data(x, "x")
@@ -125,7 +134,19 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         return reference(x, token_topk_to_pos, pos_to_expert)
     out = x.new_empty((num_expanded, x.shape[1]))
     _launch_rows(x, out, token_topk_to_pos, pos_to_expert)
+    if x.dtype not in _PLANS and x.shape[0] and x.shape[1] and x.dtype in PLAN_DTYPES:
+        from tilebake.moe._plans_mapping import expand_plan
+
+        _PLANS[x.dtype] = plan.build_if_available(expand_plan, _KERNELS[False,], x.get_device(), x.dtype)
     return out
+
+
+_PLANS = plan.cache()
+# The dtypes whose calls get plans (those a plan can describe; rows as 16-byte multiples).
+PLAN_DTYPES = (
+    torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8,
+    torch.int32, torch.int64,
+)  # fmt: skip
 
 
 def expand_to_fused_with_sf(
@@ -150,6 +171,14 @@ def expand_to_fused_with_sf(
     Returns:
         (data (N, ...), sf (N, cols)), padding rows zero in both.
     """
+    try:  # the native path (moe/_plans_mapping.py); NotImplemented: the Python path below
+        call = _SF_PLANS[x[0].dtype, x[1].dtype, num_per_channels, use_tma_aligned_col_major_sf]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
+        if result is not NotImplemented:
+            return result
     data, sf = check_quant_input(x, num_per_channels)
     _check_data(data, "x[0]")
     _, num_expanded = _check_maps(data, token_topk_to_pos, pos_to_expert)
@@ -160,4 +189,15 @@ def expand_to_fused_with_sf(
     out = data.new_empty((num_expanded, data.shape[1]))
     out_sf = alloc_fused_sf(sf, num_expanded, bool(use_tma_aligned_col_major_sf))
     _launch_rows(data, out, token_topk_to_pos, pos_to_expert, sf, out_sf)
+    plan_key = (data.dtype, sf.dtype, num_per_channels, use_tma_aligned_col_major_sf)
+    if isinstance(use_tma_aligned_col_major_sf, bool) and plan_key not in _SF_PLANS and data.shape[0] and data.shape[1]:
+        from tilebake.moe._plans_mapping import expand_with_sf_plan
+
+        _SF_PLANS[plan_key] = plan.build_if_available(
+            expand_with_sf_plan, _KERNELS[True,], data.get_device(), data.dtype, sf.dtype, num_per_channels,
+            bool(use_tma_aligned_col_major_sf),
+        )  # fmt: skip
     return out, out_sf
+
+
+_SF_PLANS = plan.cache()

@@ -10,6 +10,7 @@ import dataclasses
 
 import torch
 
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import check_mapping_args, mapping_result, mapping_size
@@ -108,6 +109,20 @@ def get_fused_mapping(
     scatter, global atomics in the count) and segments are longer (at most 2^18 / E of them).
     On an H200 at 4096 tokens, k = 8 (no sync): 52 us at 1024 and at 1025 experts, 143 us at 8192.
     """
+    # The native path (moe/_plans_mapping.py): the launches in one plan; the synchronising mode
+    # then copies the counts to the host here. NotImplemented sends the call on below. The key
+    # holds each int's class: a bool (rejected below) must not match an int's plan.
+    try:
+        call = _PLANS[num_experts, num_experts.__class__, num_expanded_tokens, num_expanded_tokens.__class__,
+                      alignment, alignment.__class__, force_no_sync]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, topk_idx)
+        if result is not NotImplemented:
+            if num_expanded_tokens or force_no_sync:
+                return (*result, [])
+            return mapping_result(*result, True)
     num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")
@@ -115,7 +130,21 @@ def get_fused_mapping(
         from tilebake.torch.mapping import get_fused_mapping as reference
 
         return reference(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
-    return _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    result = _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    plan_key = (num_experts, num_experts.__class__, num_expanded_tokens, num_expanded_tokens.__class__, alignment,
+                alignment.__class__, force_no_sync)  # fmt: skip
+    if num_tokens * num_topk and isinstance(force_no_sync, bool) and plan_key not in _PLANS:
+        from tilebake.moe._plans_mapping import fused_mapping_plan
+
+        wide = "_wide" if num_experts > FAST_MAX_EXPERTS else ""
+        kernels = (_KERNELS["count" + wide,], _KERNELS["scan",], _KERNELS["scatter" + wide,])
+        _PLANS[plan_key] = plan.build_if_available(
+            fused_mapping_plan, kernels, topk_idx.get_device(), num_experts, num_expanded_tokens, alignment
+        )
+    return result
+
+
+_PLANS = plan.cache()
 
 
 def _launch(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync):

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_scores
@@ -161,20 +162,43 @@ def moe_topk_gate_backward(
     an H200 at 4096 tokens, k = 8, with grad_scores_sum: 40 us at 1024 experts (fast), 125 us
     at 1025 and 299 us at 8192 (900 GB/s).
     """
-    _, routed_scaling_factor = check_arguments(
+    # The native path (moe/_plans_gate.py): NotImplemented sends the call on below.
+    try:
+        call = _PLANS[scores.shape[1], routed_scaling_factor, routed_scaling_factor.__class__, scoring_func,
+                      mask is None, grad_scores_sum is None, out is None]  # fmt: skip
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        result = plan.run(call, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum, out)
+        if result is not NotImplemented:
+            return result
+    _, scaling = check_arguments(
         scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
         grad_scores_sum, out,
     )  # fmt: skip
     if torch.compiler.is_compiling():
         result = torch.ops.tilebake.moe_topk_gate_backward(
-            scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
-            grad_scores_sum,
+            scores, topk_idx, topk_weights, grad_topk_weights, scaling, scoring_func, mask, grad_scores_sum,
         )  # fmt: skip
         return result if out is None else out.copy_(result)
-    return _backward(
-        scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
-        grad_scores_sum, out,
+    result = _backward(
+        scores, topk_idx, topk_weights, grad_topk_weights, scaling, scoring_func, mask, grad_scores_sum, out,
     )  # fmt: skip
+    plan_key = (scores.shape[1], routed_scaling_factor, routed_scaling_factor.__class__, scoring_func,
+                mask is None, grad_scores_sum is None, out is None)  # fmt: skip
+    if scores.is_cuda and scores.shape[0] and plan_key not in _PLANS:
+        from tilebake.moe._plans_gate import backward_plan
+
+        num_experts = scores.shape[1]
+        kernel = _KERNELS[(next(m for m in MAX_EXPERTS if num_experts <= m),)]
+        _PLANS[plan_key] = plan.build_if_available(
+            backward_plan, kernel, scores.get_device(), num_experts, scaling, SCORING_CODES[scoring_func],
+            mask is not None, grad_scores_sum is not None, out is not None,
+        )  # fmt: skip
+    return result
+
+
+_PLANS = plan.cache()
 
 
 def _backward(
@@ -217,6 +241,8 @@ def _launch(
         scores.stride(0), topk_idx.stride(0), topk_weights.stride(0), grad_topk_weights.stride(0), h.stride(0),
         grad_logits.stride(0),
     )  # fmt: skip
+    if out is not None:  # a write into a given tensor counts, as for torch's out= ops
+        torch.autograd.graph.increment_version(out)
     return grad_logits
 
 

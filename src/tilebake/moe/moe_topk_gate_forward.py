@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.moe._router import MAX_EXPERTS, SCORING_FUNCS, check_gate_args
@@ -144,6 +145,26 @@ def moe_topk_gate_forward(
         (topk_idx int64 (T, num_topk + shared), topk_weights fp32 (T, num_topk + shared)). CPU
         tensors take the reference path (tilebake.torch.moe_topk_gate_forward_ref).
     """
+    # The native path (moe/_plans_gate.py): NotImplemented sends the call on below. The key
+    # holds each number's class: a bool where an int is checked must not match an int's plan.
+    try:
+        call = _PLANS[
+            logits.shape[1], scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
+            use_shared_as_routed.__class__, num_shared_experts, num_shared_experts.__class__, routed_scaling_factor,
+            routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
+            num_topk_groups, num_topk_groups.__class__, mask is None, bias is None, image_bias is None,
+            image_token_mask is None, fix_routing_mask is None, to_physical_map is None, logical_count is None,
+            unmapped_topk_idx is None, force_random is None, scores is None, out is None,
+        ]  # fmt: skip
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        result = plan.run(
+            call, logits, (mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+            logical_count, unmapped_topk_idx, force_random, scores), out,
+        )  # fmt: skip
+        if result is not NotImplemented:
+            return result
     num_tokens, num_experts, k, shared = check_gate_args(
         logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
         mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
@@ -230,7 +251,37 @@ def _forward(
         0 if unmapped_topk_idx is None else unmapped_topk_idx.stride(0),
         0 if to_physical_map is None else to_physical_map.stride(0),
     )  # fmt: skip
+    # Writes into given tensors count, as for torch's out= ops.
+    written = [t for t in (unmapped_topk_idx, scores) if t is not None] + ([] if out is None else [idx, weights])
+    if written:
+        torch.autograd.graph.increment_version(written)
+    if kernels is None:
+        optional = (mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+                    unmapped_topk_idx, force_random, scores)  # fmt: skip
+        plan_key = (
+            num_experts, scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
+            use_shared_as_routed.__class__, num_shared_experts, num_shared_experts.__class__, routed_scaling_factor,
+            routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
+            num_topk_groups, num_topk_groups.__class__, *(t is None for t in optional), out is None,
+        )  # fmt: skip
+        if plan_key not in _PLANS:
+            _build_plan(plan_key, logits.get_device(), optional, k, shared, out is not None)
     return idx, weights
+
+
+_PLANS = plan.cache()
+
+
+def _build_plan(plan_key, device, optional, k, shared, given_out) -> None:
+    from tilebake.moe._plans_gate import FORWARD_OPTIONAL, forward_plan
+
+    num_experts, scoring_func = plan_key[:2]
+    rsf, ep_rank, num_groups, num_topk_groups = plan_key[8], plan_key[10], plan_key[12], plan_key[14]
+    present = {name for (name, _), t in zip(FORWARD_OPTIONAL, optional) if t is not None}
+    _PLANS[plan_key] = plan.build_if_available(
+        forward_plan, _KERNELS[(scoring_func, expert_bound(num_experts))], device, num_experts, k, shared,
+        float(rsf), ep_rank, num_groups, num_topk_groups, present, given_out,
+    )  # fmt: skip
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it. Functional

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
@@ -46,6 +47,14 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         a row of zeros finite, as in moe_topk_gate_forward); normalized = w / denominator.
         Bit-identical to tilebake.torch.normalize_weight, which CPU tensors run.
     """
+    try:  # the native path (moe/_plans_gate.py); NotImplemented: the Python path below
+        call = _PLANS[topk_weights.dtype]
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, topk_weights)
+        if result is not NotImplemented:
+            return result
     num_tokens, num_topk = check_fp32_rows(topk_weights, "topk_weights", "num_topk", MAX_TOPK)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.normalize_weight(topk_weights)
@@ -68,7 +77,15 @@ def _normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.T
         topk_weights.data_ptr(), denominator.data_ptr(), normalized.data_ptr(),
         num_tokens, num_topk, topk_weights.stride(0),
     )  # fmt: skip
+    if topk_weights.dtype not in _PLANS:
+        from tilebake.moe._plans_gate import normalize_weight_plan
+
+        kernel = _KERNELS[("fp32",)]
+        _PLANS[topk_weights.dtype] = plan.build_if_available(normalize_weight_plan, kernel, topk_weights.get_device())
     return denominator, normalized
+
+
+_PLANS = plan.cache()
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace normalize_weight; eager calls skip it ---

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.moe._common import check_reduce_args
@@ -71,6 +72,14 @@ def reduce_fused(
         valid slot gives zeros. NaN inputs give NaN, but a bf16 NaN's payload may differ from the
         reference's (0x7FFF on the GPU, 0x7FC0 from torch). CPU tensors take the reference path.
     """
+    try:  # the native path (moe/_plans_mapping.py) of a plain x; NotImplemented: the Python path below
+        call = _PLANS[x.dtype, fp8_format, topk_weights is None, sf is None, out is None]
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        result = plan.run(call, x, topk_weights, token_topk_to_pos, sf, out)
+        if result is not NotImplemented:
+            return result
     data, x_sf, num_topk, out_dtype = check_reduce_args(x, topk_weights, token_topk_to_pos, fp8_format, sf)
     num_tokens, hidden = token_topk_to_pos.shape[0], data.shape[1]
     vec = 16 // data.element_size()
@@ -99,6 +108,7 @@ def reduce_fused(
         result = reference(x, topk_weights, token_topk_to_pos, fp8_format, sf)
         return result if out is None else out.copy_(result)
 
+    given_out = out is not None
     if out is None:
         out = data.new_empty((num_tokens, hidden), dtype=out_dtype)
     if num_tokens == 0 or hidden == 0:
@@ -121,4 +131,17 @@ def reduce_fused(
         int(topk_weights is not None), int(x_sf is not None), int(sf is not None),
         num_tokens, data.shape[0], num_topk, hidden, data.stride(0), out.stride(0),
     )  # fmt: skip
+    if given_out:  # a write into a given tensor counts, as for torch's out= ops
+        torch.autograd.graph.increment_version(out)
+    plan_key = (data.dtype, fp8_format, topk_weights is None, sf is None, given_out)
+    if x_sf is None and plan_key not in _PLANS:
+        from tilebake.moe._plans_mapping import reduce_plan
+
+        _PLANS[plan_key] = plan.build_if_available(
+            reduce_plan, _KERNELS[FORMAT_NAMES[data.dtype], FORMAT_NAMES[out_dtype]], data.get_device(), data.dtype,
+            out_dtype, topk_weights is not None, sf is not None, given_out,
+        )  # fmt: skip
     return out
+
+
+_PLANS = plan.cache()

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 
@@ -89,6 +90,16 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     column (no device assert, no host sync; the other rows are unaffected). On the CPU (the
     reference path, tilebake.torch.stable_topk) such input raises ValueError.
     """
+    # The native path: a call whose key has been seen runs as one plan (moe/_plans_gate.py);
+    # a call the plan does not take (NotImplemented) goes on below.
+    try:
+        call = _PLANS[scores.shape[1], num_topk, num_topk.__class__]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        result = plan.run(call, scores)
+        if result is not NotImplemented:
+            return result
     num_tokens, num_experts = check_scores(scores)
     if isinstance(num_topk, bool) or not isinstance(num_topk, int) or not 1 <= num_topk <= min(num_experts, MAX_TOPK):
         raise ValueError(
@@ -104,7 +115,17 @@ def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
         from tilebake.torch import stable_topk
 
         return stable_topk(scores, num_topk)
-    return _launch(scores, num_topk)
+    out = _launch(scores, num_topk)
+    plan_key = (scores.shape[1], num_topk, num_topk.__class__)
+    if plan_key not in _PLANS and scores.shape[0]:
+        from tilebake.moe._plans_gate import topk_gate_plan
+
+        kernel = _KERNELS[(experts_bucket(scores.shape[1]),)]
+        _PLANS[plan_key] = plan.build_if_available(topk_gate_plan, kernel, scores.get_device(), *plan_key[:2])
+    return out
+
+
+_PLANS = plan.cache()
 
 
 def _launch(scores: torch.Tensor, num_topk: int) -> torch.Tensor:

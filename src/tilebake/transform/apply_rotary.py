@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, i64, ptr
 from tilebake.utils import FLOAT_FORMATS
@@ -146,14 +147,38 @@ def apply_rotary(
     tensors whose strides or addresses are not multiples of 16 bytes, take the torch path
     (the reference, same bits, slower).
     """
+    # The native path (transform/_plans_apply_rotary.py), seqlen_offset 0 only (a plan bakes its
+    # arguments in; a decode loop's changing offset would make a plan a step). The key holds
+    # the flags' classes: a float 1.0 (rejected below) must not match True's plan.
+    try:
+        call = _PLANS[query.dtype, query.ndim, query.shape[-1], key is None, positions is None, interleaved,
+                      interleaved.__class__, conjugate, conjugate.__class__, seqlen_offset, seqlen_offset.__class__]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
+            return None
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    plan_key = (query.dtype, query.ndim, query.shape[-1], key is None, positions is None, interleaved,
+                interleaved.__class__, conjugate, conjugate.__class__, seqlen_offset, seqlen_offset.__class__)
     interleaved, conjugate, seqlen_offset = bool(interleaved), bool(conjugate), operator.index(seqlen_offset)
     if torch.compiler.is_compiling():
         torch.ops.tilebake.apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
         return None
     if not query.is_cuda or not _launch(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset):
         _torch_path(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
+    elif plan_key[-1] is int and seqlen_offset == 0 and query.numel() and plan_key not in _PLANS:
+        from tilebake.transform._plans_apply_rotary import rotary_plan
+
+        _PLANS[plan_key] = plan.build_if_available(
+            rotary_plan, _KERNELS[FLOAT_FORMATS[query.dtype], query.shape[-1]], query.get_device(), query.dtype,
+            query.dim(), query.shape[-1], key is not None, None if positions is None else positions.dtype,
+            interleaved, conjugate,
+        )  # fmt: skip
     return None
+
+
+_PLANS = plan.cache()
 
 
 def _torch_path(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset) -> None:
@@ -206,6 +231,8 @@ def _launch(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen
         *q_strides, *k_strides, c_stride, *p_strides,
     )  # fmt: skip
     _KERNELS[FLOAT_FORMATS[query.dtype], query.shape[-1]](query.get_device(), *args)
+    # In-place writes count, as for torch's in-place ops.
+    torch.autograd.graph.increment_version(query if key is None else (query, key))
     return True
 
 
