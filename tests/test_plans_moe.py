@@ -1,8 +1,10 @@
-"""Call plans of the moe ops and apply_rotary, traced on the CPU (every step but the launch):
-each plan's kernel arguments equal those the op's Python kernel path passes for the same call
-(that path run on CPU tensors with a recording stand-in for the kernel), its outputs have the
-layouts of the reference path's, and inputs the Python path rejects (or sends elsewhere)
-return NotImplemented. The GPU suite runs the same plans for real."""
+"""Call plans of the router ops (topk_gate, normalize_weight, moe_topk_gate_forward and
+_backward), traced on the CPU (every step but the launch): each plan's kernel arguments equal
+those the op's Python kernel path passes for the same call (that path run on CPU tensors with a
+recording stand-in for the kernel), its outputs have that path's layouts (and the reference's
+shapes), inputs the Python path rejects return NotImplemented, and each public function finds
+its plan under its key (plan.run replaced by a trace). The GPU suite runs the same plans for
+real. The mapping ops: tests/test_plans_moe_mapping.py."""
 
 import importlib
 
@@ -10,62 +12,11 @@ import pytest
 import torch
 
 from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
+from tests.plan_recording import Recorder, check_launches, same_layout
 
 pytestmark = needs_plans
 
 gate = importlib.import_module("tilebake.moe._plans_gate")
-mapping = importlib.import_module("tilebake.moe._plans_mapping")
-rotary_plans = importlib.import_module("tilebake.transform._plans_apply_rotary")
-
-
-class Recorder:
-    """A stand-in kernel: records the arguments (by name) of each call the Python path makes."""
-
-    def __init__(self, variant):
-        self.variant, self.calls = variant, []
-
-    def __call__(self, device, *args):
-        self.calls.append(dict(zip(self.variant.arg_names, args)))
-
-
-def labeled(kernel, values: dict, tensors: dict) -> dict:
-    """A launch's arguments with pointers named by the tensor they point at (pointers into no
-    given tensor, e.g. a work buffer's: relative to the first such), floats as fp32."""
-    names, kinds = kernel.spec[:2]
-    ptrs = {}
-    for label, t in tensors.items():
-        ptrs.setdefault(t.data_ptr(), label)
-    base, out = None, {}
-    for name, kind in zip(names, kinds):
-        v = values[name]
-        if kind == "p":
-            if v in ptrs:
-                v = ptrs[v]
-            else:
-                base = v if base is None else base
-                v = ("work", v - base)
-        elif kind == "f":
-            v = float(torch.tensor(v, dtype=torch.float32))
-        out[name] = v
-    return out
-
-
-def same_layout(got, want, strides=True):
-    """Equal shapes, dtypes and (strides=True) strides; strides=False for the reference's
-    results, whose strides of size-1 dims may differ from the kernel path's."""
-    if isinstance(want, (tuple, list)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            same_layout(g, w, strides)
-    else:
-        assert (got.shape, got.dtype) == (want.shape, want.dtype)
-        assert got.stride() == want.stride() if strides else got.is_contiguous() == want.is_contiguous()
-
-
-def check_launches(kernels, launches, recorded, plan_tensors, py_tensors):
-    assert [launch[0] for launch in launches] == list(range(len(kernels)))
-    for kernel, launch, rec in zip(kernels, launches, recorded):
-        assert labeled(kernel, params_of(kernel, launch), plan_tensors) == labeled(kernel, rec, py_tensors)
 
 
 # --- topk_gate, normalize_weight ---
@@ -74,6 +25,7 @@ def check_launches(kernels, launches, recorded, plan_tensors, py_tensors):
 @pytest.mark.parametrize("num_experts,num_topk", [(1, 1), (7, 3), (256, 8), (300, 8), (1025, 32)])
 def test_topk_gate_plan(monkeypatch, num_experts, num_topk):
     import tilebake
+
     op = importlib.import_module("tilebake.moe.topk_gate")
 
     bucket = op.experts_bucket(num_experts)
@@ -97,6 +49,7 @@ def test_topk_gate_plan(monkeypatch, num_experts, num_topk):
 
 def test_normalize_weight_plan():
     import tilebake
+
     op = importlib.import_module("tilebake.moe.normalize_weight")
 
     kernel = ManifestKernel(op.NormalizeWeightVariant("fp32"))
@@ -200,7 +153,9 @@ def test_forward_plan(num_experts, present, use_shared, num_shared, num_groups, 
     k, shared, func = 6, num_shared if use_shared else 0, "sigmoid"
     variant = op.MoeTopkGateForwardVariant(func, op.expert_bound(num_experts))
     kernel = ManifestKernel(variant)
-    p = gate.forward_plan(kernel, 0, num_experts, k, shared, 1.5, 3, num_groups, num_topk_groups, set(present), given_out)
+    p = gate.forward_plan(
+        kernel, 0, num_experts, k, shared, 1.5, 3, num_groups, num_topk_groups, set(present), given_out
+    )
     for num_tokens in (1, 7):
         logits = torch.randn(num_tokens, num_experts + 4)[:, 2 : num_experts + 2]
         opt = _forward_inputs(present, num_tokens, num_experts, k, shared)
@@ -211,8 +166,7 @@ def test_forward_plan(num_experts, present, use_shared, num_shared, num_groups, 
         rec = Recorder(variant)
         py = op._forward(
             logits, k, use_shared, num_shared, 1.5, 3, func, *list(opt.values())[:9], out, opt["scores"], num_groups,
-            num_topk_groups,
-            num_tokens, num_experts, k, shared, kernels={(func, op.expert_bound(num_experts)): rec},
+            num_topk_groups, num_tokens, num_experts, k, shared, kernels={(func, op.expert_bound(num_experts)): rec},
         )  # fmt: skip
         assert [t._version for t in written] == [v + 1 for v in versions]  # the Python path counts its writes
         got, launches = trace(p, logits, tuple(opt.values()), out)
@@ -224,8 +178,8 @@ def test_forward_plan(num_experts, present, use_shared, num_shared, num_groups, 
         )  # fmt: skip
         same_layout(got, py)
         same_layout(got, ref, strides=False)
-        names = dict(zip([n for n, _ in gate.FORWARD_OPTIONAL], ("Mask", "Bias", "ImageBias", "ImageMask", "FixMask",
-                                                                    "Map", "Count", "Unmapped", "Random", "Scores")))  # fmt: skip
+        kernel_names = ("Mask", "Bias", "ImageBias", "ImageMask", "FixMask", "Map", "Count", "Unmapped", "Random")
+        names = dict(zip([n for n, _ in gate.FORWARD_OPTIONAL], (*kernel_names, "Scores")))
         tensors = {"L": logits, **{names[n]: t for n, t in opt.items() if t is not None}}
         check_launches([kernel], launches, rec.calls, {**tensors, "OutIdx": got[0], "OutW": got[1]},
                        {**tensors, "OutIdx": py[0], "OutW": py[1]})  # fmt: skip
@@ -237,3 +191,60 @@ def test_forward_plan(num_experts, present, use_shared, num_shared, num_groups, 
         assert trace(p, logits, tuple(strided.values()), out)[0] is NotImplemented
     if given_out:
         assert trace(p, logits, tuple(opt.values()), list(out))[0] is NotImplemented  # a list: the Python path
+
+
+# --- the public functions find their plans ---
+
+
+def _through_plans(monkeypatch, op, key, p):
+    calls = []
+
+    def run(call, *args):
+        calls.append(args)
+        return trace(call, *args)[0]
+
+    monkeypatch.setattr(op.plan, "run", run)
+    monkeypatch.setitem(op._PLANS, key, p)
+    return calls
+
+
+def test_entries(monkeypatch):
+    import tilebake
+
+    op = importlib.import_module("tilebake.moe.topk_gate")
+    calls = _through_plans(
+        monkeypatch, op, (20, 4, int), gate.topk_gate_plan(ManifestKernel(op.TopkGateVariant(256)), 0, 20, 4)
+    )
+    scores = torch.randn(3, 20)
+    assert tilebake.moe.topk_gate(scores, 4).shape == (3, 4) and calls[-1][0] is scores
+    with pytest.raises(ValueError, match="num_topk"):
+        tilebake.moe.topk_gate(torch.randn(3, 1), True)  # a bool misses the (1, 1, int) key
+
+    op = importlib.import_module("tilebake.moe.normalize_weight")
+    calls = _through_plans(
+        monkeypatch, op, torch.float32, gate.normalize_weight_plan(ManifestKernel(op.NormalizeWeightVariant("fp32")), 0)
+    )
+    w = torch.rand(3, 4)
+    assert tilebake.moe.normalize_weight(w)[1].shape == (3, 4) and calls[-1][0] is w
+
+    op = importlib.import_module("tilebake.moe.moe_topk_gate_backward")
+    kernel = ManifestKernel(op.MoeTopkGateBackwardVariant(256))
+    p = gate.backward_plan(kernel, 0, 20, 2.0, 0, True, False, True)
+    calls = _through_plans(monkeypatch, op, (20, 2.0, float, "sqrtsoftplus", False, True, False), p)
+    args = (torch.rand(3, 20), torch.zeros(3, 4, dtype=torch.int64), torch.rand(3, 4), torch.rand(3, 4))
+    mask, out = torch.ones(3, dtype=torch.bool), torch.empty(3, 20)
+    assert tilebake.moe.moe_topk_gate_backward(*args, 2.0, mask=mask, out=out) is out
+    assert all(a is b for a, b in zip(calls[-1], (*args, mask, None, out)))
+
+    op = importlib.import_module("tilebake.moe.moe_topk_gate_forward")
+    kernel = ManifestKernel(op.MoeTopkGateForwardVariant("softmax", 256))
+    p = gate.forward_plan(kernel, 0, 20, 4, 1, 2.5, 0, 1, 1, {"bias"}, False)
+    numbers = (4, int, True, bool, 1, int, 2.5, float, 0, int, 1, int, 1, int)  # num_topk .. num_topk_groups
+    key = (20, "softmax", *numbers, True, False, *[True] * 8, None)  # bias given, out None
+    calls = _through_plans(monkeypatch, op, key, p)
+    logits, bias = torch.randn(3, 20), torch.randn(20)
+    idx, weights = tilebake.moe.moe_topk_gate(logits, 4, True, 1, 2.5, 0, "softmax", bias=bias)
+    assert idx.shape == (3, 5) and calls[-1][0] is logits and calls[-1][1][1] is bias and calls[-1][2] is None
+    with pytest.raises(ValueError, match="num_shared_experts"):
+        tilebake.moe.moe_topk_gate(logits, 4, True, True, 2.5, 0, "softmax", bias=bias)
+    assert len(calls) == 1

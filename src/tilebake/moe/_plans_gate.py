@@ -9,8 +9,15 @@ import torch
 
 from tilebake._runtime import plan
 from tilebake.moe.moe_topk_gate_forward import (
-    FLAG_BIAS, FLAG_FIX, FLAG_IMAGE, FLAG_MAP, FLAG_MASK, FLAG_RANDOM, FLAG_SCORES, FLAG_UNMAPPED,
-)  # fmt: skip
+    FLAG_BIAS,
+    FLAG_FIX,
+    FLAG_IMAGE,
+    FLAG_MAP,
+    FLAG_MASK,
+    FLAG_RANDOM,
+    FLAG_SCORES,
+    FLAG_UNMAPPED,
+)
 
 
 def rows(b, arg, dtype, shape, name: str):
@@ -38,7 +45,9 @@ def topk_gate_plan(kernel, device, num_experts: int, num_topk: int):
     s = rows(b, 0, torch.float32, ("T", num_experts), "ss")
     b.check("T >= 1")
     out = b.alloc(torch.int64, ("T", num_topk))
-    b.launch(kernel, device, S=s, Out=out, num_tokens="T", num_experts=num_experts, num_topk=num_topk, scores_stride="ss")
+    b.launch(
+        kernel, device, S=s, Out=out, num_tokens="T", num_experts=num_experts, num_topk=num_topk, scores_stride="ss"
+    )
     b.returns(out)
     return b.build()
 

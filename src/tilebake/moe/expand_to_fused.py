@@ -171,8 +171,10 @@ def expand_to_fused_with_sf(
     Returns:
         (data (N, ...), sf (N, cols)), padding rows zero in both.
     """
-    try:  # the native path (moe/_plans_mapping.py); NotImplemented: the Python path below
-        call = _SF_PLANS[x[0].dtype, x[1].dtype, num_per_channels, use_tma_aligned_col_major_sf]
+    # The native path (moe/_plans_mapping.py); NotImplemented: the Python path below. The key
+    # holds len(x): a plan reads the two items, the Python path wants exactly two.
+    try:
+        call = _SF_PLANS[len(x), x[0].dtype, x[1].dtype, num_per_channels, use_tma_aligned_col_major_sf]
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
@@ -189,7 +191,7 @@ def expand_to_fused_with_sf(
     out = data.new_empty((num_expanded, data.shape[1]))
     out_sf = alloc_fused_sf(sf, num_expanded, bool(use_tma_aligned_col_major_sf))
     _launch_rows(data, out, token_topk_to_pos, pos_to_expert, sf, out_sf)
-    plan_key = (data.dtype, sf.dtype, num_per_channels, use_tma_aligned_col_major_sf)
+    plan_key = (2, data.dtype, sf.dtype, num_per_channels, use_tma_aligned_col_major_sf)
     if isinstance(use_tma_aligned_col_major_sf, bool) and plan_key not in _SF_PLANS and data.shape[0] and data.shape[1]:
         from tilebake.moe._plans_mapping import expand_with_sf_plan
 

@@ -146,7 +146,8 @@ def moe_topk_gate_forward(
         tensors take the reference path (tilebake.torch.moe_topk_gate_forward_ref).
     """
     # The native path (moe/_plans_gate.py): NotImplemented sends the call on below. The key
-    # holds each number's class: a bool where an int is checked must not match an int's plan.
+    # holds each number's class (a bool where an int is checked must not match an int's plan)
+    # and out's length (a plan reads the items it needs, the Python path wants exactly two).
     try:
         call = _PLANS[
             logits.shape[1], scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
@@ -154,7 +155,7 @@ def moe_topk_gate_forward(
             routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
             num_topk_groups, num_topk_groups.__class__, mask is None, bias is None, image_bias is None,
             image_token_mask is None, fix_routing_mask is None, to_physical_map is None, logical_count is None,
-            unmapped_topk_idx is None, force_random is None, scores is None, out is None,
+            unmapped_topk_idx is None, force_random is None, scores is None, None if out is None else len(out),
         ]  # fmt: skip
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
@@ -262,7 +263,7 @@ def _forward(
             num_experts, scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
             use_shared_as_routed.__class__, num_shared_experts, num_shared_experts.__class__, routed_scaling_factor,
             routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
-            num_topk_groups, num_topk_groups.__class__, *(t is None for t in optional), out is None,
+            num_topk_groups, num_topk_groups.__class__, *(t is None for t in optional), None if out is None else 2,
         )  # fmt: skip
         if plan_key not in _PLANS:
             _build_plan(plan_key, logits.get_device(), optional, k, shared, out is not None)

@@ -151,16 +151,38 @@ def apply_rotary(
     # arguments in; a decode loop's changing offset would make a plan a step). The key holds
     # the flags' classes: a float 1.0 (rejected below) must not match True's plan.
     try:
-        call = _PLANS[query.dtype, query.ndim, query.shape[-1], key is None, positions is None, interleaved,
-                      interleaved.__class__, conjugate, conjugate.__class__, seqlen_offset, seqlen_offset.__class__]
+        call = _PLANS[
+            query.dtype,
+            query.ndim,
+            query.shape[-1],
+            key is None,
+            positions is None,
+            interleaved,
+            interleaved.__class__,
+            conjugate,
+            conjugate.__class__,
+            seqlen_offset,
+            seqlen_offset.__class__,
+        ]
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
         if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
             return None
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
-    plan_key = (query.dtype, query.ndim, query.shape[-1], key is None, positions is None, interleaved,
-                interleaved.__class__, conjugate, conjugate.__class__, seqlen_offset, seqlen_offset.__class__)
+    plan_key = (
+        query.dtype,
+        query.ndim,
+        query.shape[-1],
+        key is None,
+        positions is None,
+        interleaved,
+        interleaved.__class__,
+        conjugate,
+        conjugate.__class__,
+        seqlen_offset,
+        seqlen_offset.__class__,
+    )
     interleaved, conjugate, seqlen_offset = bool(interleaved), bool(conjugate), operator.index(seqlen_offset)
     if torch.compiler.is_compiling():
         torch.ops.tilebake.apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
