@@ -123,6 +123,7 @@ FORWARD_CASES = [
     (("mask", "bias", "unmapped_topk_idx", "scores"), True, 1, 1, 1),
     (("image_bias", "image_token_mask", "to_physical_map", "logical_count"), True, 2, 1, 1),
     (("fix_routing_mask", "unmapped_topk_idx", "force_random", "mask"), False, 0, 4, 2),
+    (tuple(n for n, _ in gate.FORWARD_OPTIONAL), True, 2, 4, 2),  # every option
 ]
 
 
@@ -248,3 +249,23 @@ def test_entries(monkeypatch):
     with pytest.raises(ValueError, match="num_shared_experts"):
         tilebake.moe.moe_topk_gate(logits, 4, True, True, 2.5, 0, "softmax", bias=bias)
     assert len(calls) == 1
+
+
+def test_a_planned_key_still_traces_under_torch_compile(monkeypatch):
+    """With a plan for its key, the router forward traces with fullgraph=True (the native call
+    is skipped while dynamo traces; the traced op runs later)."""
+    import tilebake
+
+    op = importlib.import_module("tilebake.moe.moe_topk_gate_forward")
+    kernel = ManifestKernel(op.MoeTopkGateForwardVariant("sqrtsoftplus", 256))
+    numbers = (4, int, False, bool, 0, int, 1.0, float, 0, int, 1, int, 1, int)
+    key = (20, "sqrtsoftplus", *numbers, *[True] * 10, None)
+    monkeypatch.setitem(op._PLANS, key, gate.forward_plan(kernel, 0, 20, 4, 0, 1.0, 0, 1, 1, set(), False))
+    logits = torch.randn(5, 20)
+
+    def route(t):
+        return tilebake.moe.moe_topk_gate_forward(t, 4, False, 0, 1.0, 0)
+
+    got = torch.compile(route, fullgraph=True, backend="aot_eager")(logits)
+    want = route(logits)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

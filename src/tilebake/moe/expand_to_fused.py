@@ -121,9 +121,10 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
+            if result is not NotImplemented:
+                return result
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_data(x, "x")
@@ -178,9 +179,10 @@ def expand_to_fused_with_sf(
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
+            if result is not NotImplemented:
+                return result
     data, sf = check_quant_input(x, num_per_channels)
     _check_data(data, "x[0]")
     _, num_expanded = _check_maps(data, token_topk_to_pos, pos_to_expert)

@@ -118,11 +118,12 @@ def get_fused_mapping(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, topk_idx)
-        if result is not NotImplemented:
-            if num_expanded_tokens or force_no_sync:
-                return (*result, [])
-            return mapping_result(*result, True)
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, topk_idx)
+            if result is not NotImplemented:
+                if num_expanded_tokens or force_no_sync:
+                    return (*result, [])
+                return mapping_result(*result, True)
     num_tokens, num_topk = check_mapping_args(topk_idx, num_experts, num_expanded_tokens, alignment)
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")

@@ -169,9 +169,10 @@ def moe_topk_gate_backward(
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        result = plan.run(call, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum, out)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum, out)
+            if result is not NotImplemented:
+                return result
     _, scaling = check_arguments(
         scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
         grad_scores_sum, out,

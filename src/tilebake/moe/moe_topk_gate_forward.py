@@ -160,12 +160,13 @@ def moe_topk_gate_forward(
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        result = plan.run(
-            call, logits, (mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
-            logical_count, unmapped_topk_idx, force_random, scores), out,
-        )  # fmt: skip
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(
+                call, logits, (mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+                logical_count, unmapped_topk_idx, force_random, scores), out,
+            )  # fmt: skip
+            if result is not NotImplemented:
+                return result
     num_tokens, num_experts, k, shared = check_gate_args(
         logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
         mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,

@@ -52,9 +52,10 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, topk_weights)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, topk_weights)
+            if result is not NotImplemented:
+                return result
     num_tokens, num_topk = check_fp32_rows(topk_weights, "topk_weights", "num_topk", MAX_TOPK)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.normalize_weight(topk_weights)

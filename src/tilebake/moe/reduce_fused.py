@@ -77,9 +77,10 @@ def reduce_fused(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        result = plan.run(call, x, topk_weights, token_topk_to_pos, sf, out)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, x, topk_weights, token_topk_to_pos, sf, out)
+            if result is not NotImplemented:
+                return result
     data, x_sf, num_topk, out_dtype = check_reduce_args(x, topk_weights, token_topk_to_pos, fp8_format, sf)
     num_tokens, hidden = token_topk_to_pos.shape[0], data.shape[1]
     vec = 16 // data.element_size()

@@ -97,9 +97,10 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        result = plan.run(call, scores)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            result = plan.run(call, scores)
+            if result is not NotImplemented:
+                return result
     num_tokens, num_experts = check_scores(scores)
     if isinstance(num_topk, bool) or not isinstance(num_topk, int) or not 1 <= num_topk <= min(num_experts, MAX_TOPK):
         raise ValueError(

@@ -167,8 +167,9 @@ def apply_rotary(
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
-            return None
+        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+            if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
+                return None
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
     plan_key = (
         query.dtype,
