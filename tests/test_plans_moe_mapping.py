@@ -171,17 +171,20 @@ REDUCE_CASES = [(f, w, s, o) for f in ("", "e4m3") for w in (False, True) for s 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("fp8_format,has_weights,has_sf,given_out", REDUCE_CASES)
-def test_reduce_plan(dtype, fp8_format, has_weights, has_sf, given_out):
+@pytest.mark.parametrize("has_x_sf", [False, True])
+def test_reduce_plan(dtype, fp8_format, has_weights, has_sf, given_out, has_x_sf):
     op = importlib.import_module("tilebake.moe.reduce_fused")
     from tilebake.utils import FORMAT_NAMES
 
     out_dtype = torch.float8_e4m3fn if fp8_format else dtype
     kernel = ManifestKernel(op.ReduceFusedVariant(FORMAT_NAMES[dtype], FORMAT_NAMES[out_dtype]))
-    p = mapping.reduce_plan(kernel, 0, dtype, out_dtype, has_weights, has_sf, given_out)
+    p = mapping.reduce_plan(kernel, 0, dtype, out_dtype, has_weights, has_x_sf, has_sf, given_out)
     vec = 16 // dtype.itemsize
     for num_tokens, hidden, num_topk in ((1, vec, 1), (9, 7 * vec, 4), (37, 1000, 2)):
         t2p, p2e = _maps(num_tokens, num_topk)
-        x = torch.randn(p2e.shape[0], hidden + vec).to(dtype)[:, :hidden]
+        data = torch.randn(p2e.shape[0], hidden + vec).to(dtype)[:, :hidden]
+        x_sf = torch.rand(p2e.shape[0]) if has_x_sf else None
+        x = (data, x_sf) if has_x_sf else data
         w = torch.rand(num_tokens, num_topk) if has_weights else None
         sf = torch.rand(1) if has_sf else None
         out = torch.empty(num_tokens, hidden + vec, dtype=out_dtype)[:, :hidden] if given_out else None
@@ -193,14 +196,22 @@ def test_reduce_plan(dtype, fp8_format, has_weights, has_sf, given_out):
             same_layout(got, ref.reduce_fused(x, w, t2p, fp8_format, sf), False)
         dummy = t2p.data_ptr()
         assert params_of(kernel, launches[0]) == dict(
-            X=x.data_ptr(), W=dummy if w is None else w.data_ptr(), P=dummy, XSF=dummy,
-            SF=dummy if sf is None else sf.data_ptr(), Y=got.data_ptr(), has_weights=int(has_weights), has_x_sf=0,
-            has_sf=int(has_sf), num_tokens=num_tokens, num_expanded=x.shape[0], num_topk=num_topk, hidden=hidden,
-            x_stride=x.stride(0), y_stride=got.stride(0),
+            X=data.data_ptr(), W=dummy if w is None else w.data_ptr(), P=dummy,
+            XSF=dummy if x_sf is None else x_sf.data_ptr(), SF=dummy if sf is None else sf.data_ptr(),
+            Y=got.data_ptr(), has_weights=int(has_weights), has_x_sf=int(has_x_sf), has_sf=int(has_sf),
+            num_tokens=num_tokens, num_expanded=data.shape[0], num_topk=num_topk, hidden=hidden,
+            x_stride=data.stride(0), y_stride=got.stride(0),
         )  # fmt: skip
-    assert trace(p, x[:, : hidden - 1], w, t2p, sf, out)[0] is NotImplemented  # hidden % vec
+
+    def like_x(d, s=x_sf):
+        return (d, s) if has_x_sf else d
+
+    assert trace(p, like_x(data[:, : hidden - 1]), w, t2p, sf, out)[0] is NotImplemented  # hidden % vec
     assert trace(p, x, w, t2p[:0], sf, None if out is None else out[:0])[0] is NotImplemented  # no tokens
-    assert trace(p, (x, torch.ones(x.shape[0])), w, t2p, sf, out)[0] is NotImplemented  # a QuantTensor
+    other = data if has_x_sf else (data, torch.ones(data.shape[0]))  # a plain x for a QuantTensor plan, and back
+    assert trace(p, other, w, t2p, sf, out)[0] is NotImplemented
+    if has_x_sf:
+        assert trace(p, (data, torch.ones(2 * data.shape[0])[::2]), w, t2p, sf, out)[0] is NotImplemented  # strided
     if given_out:
         assert trace(p, x, w, t2p, sf, out.t())[0] is NotImplemented
 
@@ -208,9 +219,24 @@ def test_reduce_plan(dtype, fp8_format, has_weights, has_sf, given_out):
 def test_reduce_entry(monkeypatch):
     op = importlib.import_module("tilebake.moe.reduce_fused")
     kernel = ManifestKernel(op.ReduceFusedVariant("bf16", "bf16"))
-    p = mapping.reduce_plan(kernel, 0, torch.bfloat16, torch.bfloat16, True, False, True)
+    p = mapping.reduce_plan(kernel, 0, torch.bfloat16, torch.bfloat16, True, False, False, True)
     calls = through_plans(monkeypatch, op, op._PLANS, (torch.bfloat16, "", False, True, False), p)
     t2p, p2e = _maps(3, 2)
     x, w, out = torch.randn(p2e.shape[0], 16).bfloat16(), torch.rand(3, 2), torch.empty(3, 16).bfloat16()
     assert op.reduce_fused(x, w, t2p, out=out) is out
     assert len(calls) == 1 and all(a is b for a, b in zip(calls[0], (x, w, t2p, None, out)))
+
+
+def test_reduce_quant_entry(monkeypatch):
+    """A QuantTensor x finds its plan; a 3-tuple misses it (the Python path raises)."""
+    op = importlib.import_module("tilebake.moe.reduce_fused")
+    kernel = ManifestKernel(op.ReduceFusedVariant("fp32", "e4m3"))
+    p = mapping.reduce_plan(kernel, 0, torch.float32, torch.float8_e4m3fn, False, True, True, False)
+    calls = through_plans(monkeypatch, op, op._PLANS, ((2, torch.float32), "e4m3", True, False, True), p)
+    t2p, p2e = _maps(3, 2)
+    x, sf = (torch.randn(p2e.shape[0], 8), torch.rand(p2e.shape[0])), torch.rand(1)
+    assert op.reduce_fused(x, None, t2p, "e4m3", sf).dtype == torch.float8_e4m3fn
+    assert len(calls) == 1 and calls[0][0] is x and calls[0][3] is sf
+    with pytest.raises(TypeError, match="QuantTensor"):
+        op.reduce_fused((*x, x[1]), None, t2p, "e4m3", sf)
+    assert len(calls) == 1

@@ -114,14 +114,16 @@ def expand_with_sf_plan(kernel, device, dtype, sf_dtype, num_per_channels: int, 
     return b.build()
 
 
-def reduce_plan(kernel, device, dtype, out_dtype, has_weights: bool, has_sf: bool, given_out: bool):
-    """reduce_fused(x, topk_weights, token_topk_to_pos, fp8_format, sf, out) of a plain tensor x:
-    run(plan, x, topk_weights, token_topk_to_pos, sf, out); sf a (1,) tensor."""
+def reduce_plan(kernel, device, dtype, out_dtype, has_weights: bool, has_x_sf: bool, has_sf: bool, given_out: bool):
+    """reduce_fused(x, topk_weights, token_topk_to_pos, fp8_format, sf, out): run(plan, x,
+    topk_weights, token_topk_to_pos, sf, out); x a tensor, or with has_x_sf a tuple (data, x_sf)
+    with x_sf contiguous; sf a (1,) tensor."""
     vec = 16 // dtype.itemsize
     b = plan.Builder()
-    x = b.tensor(0, dtype, ("N", "H"), strides=("xs", "xc"), align=16)
+    x = b.tensor((0, 0) if has_x_sf else 0, dtype, ("N", "H"), strides=("xs", "xc"), align=16)
     b.check(f"H >= 1 and H % {vec} == 0 and (H == 1 or xc == 1) and (N <= 1 or xs % {vec} == 0)")
     pos = contiguous(b, 2, torch.int32, ("T", "K"), "pos")
+    x_sf = contiguous(b, (0, 1), torch.float32, ("N",), "xsf") if has_x_sf else pos
     b.check("T >= 1 and K >= 1")
     w = contiguous(b, 1, torch.float32, ("T", "K"), "w") if has_weights else pos
     sf = b.tensor(3, torch.float32, (1,), align=4) if has_sf else pos
@@ -132,7 +134,7 @@ def reduce_plan(kernel, device, dtype, out_dtype, has_weights: bool, has_sf: boo
         y = b.alloc(out_dtype, ("T", "H"))
         b.let("ys", "H")
     b.launch(
-        kernel, device, X=x, W=w, P=pos, XSF=pos, SF=sf, Y=y, has_weights=int(has_weights), has_x_sf=0,
+        kernel, device, X=x, W=w, P=pos, XSF=x_sf, SF=sf, Y=y, has_weights=int(has_weights), has_x_sf=int(has_x_sf),
         has_sf=int(has_sf), num_tokens="T", num_expanded="N", num_topk="K", hidden="H", x_stride="xs", y_stride="ys",
     )  # fmt: skip
     if given_out:

@@ -72,8 +72,11 @@ def reduce_fused(
         valid slot gives zeros. NaN inputs give NaN, but a bf16 NaN's payload may differ from the
         reference's (0x7FFF on the GPU, 0x7FC0 from torch). CPU tensors take the reference path.
     """
-    try:  # the native path (moe/_plans_mapping.py) of a plain x; NotImplemented: the Python path below
-        call = _PLANS[x.dtype, fp8_format, topk_weights is None, sf is None, out is None]
+    # The native path (moe/_plans_mapping.py); NotImplemented: the Python path below. A
+    # QuantTensor's key holds its length (a plan reads two items, the Python path wants two).
+    try:
+        data_key = x.dtype if x.__class__ is not tuple else (len(x), x[0].dtype)
+        call = _PLANS[data_key, fp8_format, topk_weights is None, sf is None, out is None]
     except (KeyError, AttributeError, TypeError):
         pass
     else:
@@ -134,13 +137,14 @@ def reduce_fused(
     )  # fmt: skip
     if given_out:  # a write into a given tensor counts, as for torch's out= ops
         torch.autograd.graph.increment_version(out)
-    plan_key = (data.dtype, fp8_format, topk_weights is None, sf is None, given_out)
-    if x_sf is None and plan_key not in _PLANS:
+    data_key = data.dtype if x_sf is None else (2, data.dtype)
+    plan_key = (data_key, fp8_format, topk_weights is None, sf is None, given_out)
+    if plan_key not in _PLANS:
         from tilebake.moe._plans_mapping import reduce_plan
 
         _PLANS[plan_key] = plan.build_if_available(
             reduce_plan, _KERNELS[FORMAT_NAMES[data.dtype], FORMAT_NAMES[out_dtype]], data.get_device(), data.dtype,
-            out_dtype, topk_weights is not None, sf is not None, given_out,
+            out_dtype, topk_weights is not None, x_sf is not None, sf is not None, given_out,
         )  # fmt: skip
     return out
 
