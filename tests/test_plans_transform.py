@@ -76,7 +76,7 @@ def test_rotary_entry(monkeypatch):
         return trace(call, *args)[0]
 
     monkeypatch.setattr(op.plan, "run", run)
-    monkeypatch.setitem(op._PLANS, (torch.bfloat16, 3, 64, False, False, False, bool, False, bool, 0, int), p)
+    monkeypatch.setitem(op._PLANS, (torch.bfloat16, 3, 64, False, torch.int32, False, bool, False, bool, 0, int), p)
     query, cache, key, positions = _inputs(torch.bfloat16, 3, 64, 5, 2, 1, True, torch.int32)
     before = query.clone()
     assert op.apply_rotary(query, cache, key, positions) is None

@@ -148,22 +148,12 @@ def apply_rotary(
     (the reference, same bits, slower).
     """
     # The native path (transform/_plans_apply_rotary.py), seqlen_offset 0 only (a plan bakes its
-    # arguments in; a decode loop's changing offset would make a plan a step). The key holds
+    # arguments in: a decode loop's changing offset would build one every step). The key holds
     # the flags' classes: a float 1.0 (rejected below) must not match True's plan.
     try:
-        call = _PLANS[
-            query.dtype,
-            query.ndim,
-            query.shape[-1],
-            key is None,
-            positions is None,
-            interleaved,
-            interleaved.__class__,
-            conjugate,
-            conjugate.__class__,
-            seqlen_offset,
-            seqlen_offset.__class__,
-        ]
+        call = _PLANS[query.dtype, query.ndim, query.shape[-1], key is None,
+                      None if positions is None else positions.dtype, interleaved, interleaved.__class__, conjugate,
+                      conjugate.__class__, seqlen_offset, seqlen_offset.__class__]  # fmt: skip
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
@@ -171,19 +161,9 @@ def apply_rotary(
             if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
                 return None
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
-    plan_key = (
-        query.dtype,
-        query.ndim,
-        query.shape[-1],
-        key is None,
-        positions is None,
-        interleaved,
-        interleaved.__class__,
-        conjugate,
-        conjugate.__class__,
-        seqlen_offset,
-        seqlen_offset.__class__,
-    )
+    plan_key = (query.dtype, query.ndim, query.shape[-1], key is None, None if positions is None else positions.dtype,
+                interleaved, interleaved.__class__, conjugate, conjugate.__class__, seqlen_offset,
+                seqlen_offset.__class__)  # fmt: skip
     interleaved, conjugate, seqlen_offset = bool(interleaved), bool(conjugate), operator.index(seqlen_offset)
     if torch.compiler.is_compiling():
         torch.ops.tilebake.apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
