@@ -132,9 +132,8 @@ def test_cast_back_looks_up_the_key_it_builds(monkeypatch):
 
 # --- per_token_cast_and_cast_back ---
 
-PTCACB_CASES = list(
-    itertools.product((torch.bfloat16, torch.float32), ("e4m3", "e2m1"), (16, 128), [(False, False), (True, False), (False, True)])
-)  # fmt: skip
+FLAGS = [(False, False), (True, False), (False, True)]  # (round_sf, use_e4m3_sf)
+PTCACB_CASES = list(itertools.product((torch.bfloat16, torch.float32), ("e4m3", "e2m1"), (16, 128), FLAGS))
 
 
 @pytest.mark.parametrize("dtype,fmt,npc,flags", PTCACB_CASES)
@@ -312,3 +311,42 @@ def test_given_outs_are_bumped_on_the_cpu_path_too():
     versions = [t._version for t in outs[0]]
     btws.batched_transpose_weight_sf([sf], 32, [True], outs)
     assert all(t._version > v for t, v in zip(outs[0], versions))
+
+
+def test_torch_compile_traces_past_a_plan(monkeypatch):
+    """With a plan for the call's key (as after an eager CUDA call), torch.compile(fullgraph=True)
+    still traces the torch.library op: the native call is not traceable."""
+    x = cb_inputs(3, 64, torch.float8_e4m3fn, torch.float32, (1, 32))
+    kernel = ManifestKernel(cb.CastBackVariant("e4m3", "bf16", "fp32", False))
+    cast_back_plan = cb._plan(kernel, 0, *(t.dtype for t in x), "bf16", 1, 32)
+    monkeypatch.setitem(cb._PLANS, ("bf16", (1, 32), None, *(t.dtype for t in x)), cast_back_plan)
+    compiled = torch.compile(lambda d, s: tilebake.quant.cast_back((d, s), "bf16", (1, 32)), fullgraph=True,
+                             backend="aot_eager")  # fmt: skip
+    assert torch.equal(compiled(*x), tilebake.quant.cast_back(x, "bf16", (1, 32)))
+    y = torch.randn(3, 64).bfloat16()
+    kernel = ManifestKernel(ptcacb.PerTokenCastAndCastBackVariant("bf16", "e4m3", 32))
+    ptcacb_plan = ptcacb._plan(kernel, 0, torch.bfloat16, 1e-4, False, False)
+    monkeypatch.setitem(ptcacb._PLANS, (torch.bfloat16, "e4m3", 32, False, False), ptcacb_plan)
+    want = y.clone()
+    tilebake.quant.per_token_cast_and_cast_back(want, "e4m3", 32)
+    torch.compile(lambda t: tilebake.quant.per_token_cast_and_cast_back(t, "e4m3", 32), fullgraph=True,
+                  backend="aot_eager")(y)  # fmt: skip
+    assert torch.equal(y, want)
+
+
+def test_batched_transpose_weight_sf_native_path_scale_check():
+    """The native path's one-sync check flags exactly what check_power_of_two_scales refuses
+    (every exponent byte with sign and mantissa patterns, and random bits), and raises its error."""
+    exponents = torch.arange(256, dtype=torch.int32) << 23
+    patterns = torch.tensor([0, 1, 0x400000, 0x7FFFFF, -(2**31), -(2**31) + 1], dtype=torch.int32)
+    bits = torch.cat([(exponents[:, None] | patterns[None, :]).flatten(), torch.randint(-(2**31), 2**31 - 1, (4096,))])
+    values = bits.to(torch.int32).view(torch.float32)
+    exponent = (bits >> 23) & 0xFF
+    want = ((bits & 0x807FFFFF) != 0) | (exponent == 0) | (exponent == 255)
+    assert torch.equal(btws._not_powers_of_two(values), want)
+    good = make_sf((4, 8))
+    btws._check_scales([good, good.t()])
+    bad = good.clone()
+    bad[2, 3] = 0.75
+    with pytest.raises(ValueError, match="sf\\[1\\]\\[2, 3\\] = 0.75"):
+        btws._check_scales([good, bad, -good])

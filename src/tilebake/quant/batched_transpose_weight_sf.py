@@ -126,8 +126,7 @@ def batched_transpose_weight_sf(
         if torch.cuda.is_current_stream_capturing():  # no host check in a graph (see below)
             result = plan.run(call, *args)
         elif plan.run(checks, *args) is None:
-            for i, s in enumerate(sf):
-                check_power_of_two_scales(s, f"sf[{i}]")
+            _check_scales(sf)
             result = plan.run(call, *args)
         else:
             result = NotImplemented
@@ -187,6 +186,26 @@ def batched_transpose_weight_sf(
 
 MAX_PLANNED = 4
 _PLANS = plan.cache()
+_SMALLEST_NORMAL = 2.0**-126
+
+
+def _not_powers_of_two(s: torch.Tensor) -> torch.Tensor:
+    """Where s is not a positive normal fp32 power of two, in three ops: frexp's mantissa is
+    exactly 0.5 for a power of two (subnormal ones too), another value for any other number,
+    +-0, +-inf and NaN."""
+    return (torch.frexp(s).mantissa != 0.5).logical_or_(s < _SMALLEST_NORMAL)
+
+
+def _check_scales(sf) -> None:
+    """check_power_of_two_scales of every weight (the same error for the first bad one) with a
+    single host sync."""
+    bad = None
+    for s in sf:
+        any_bad = _not_powers_of_two(s).any()
+        bad = any_bad if bad is None else bad.logical_or_(any_bad)
+    if bool(bad):
+        for i, s in enumerate(sf):
+            check_power_of_two_scales(s, f"sf[{i}]")
 
 
 def _plan_key(sf, block_size, transpose_sf1s, outs):
@@ -241,13 +260,13 @@ def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
                 b.let(p + "o0g", f"{p}n * {p}o0r")
                 b.let(p + "o1g", f"{p}k * {p}o1r")
         elif launch:  # weight_sf_layout / sf1_layout: MN-major views of (G?, words, rows) buffers
-            sf0 = b.alloc(torch.int32, [*groups, p + "w0", p + "n"],
-                          view=([*groups, p + "n", p + "w0"], [f"{p}w0 * {p}n", "one", p + "n"][3 - rank :]))  # fmt: skip
+            strides0 = [f"{p}w0 * {p}n", "one", p + "n"][3 - rank :]
+            sf0 = b.alloc(torch.int32, [*groups, p + "w0", p + "n"], view=([*groups, p + "n", p + "w0"], strides0))
             if transpose:  # the (G?, w1, k) buffer itself
                 sf1 = b.alloc(torch.int32, [*groups, p + "w1", p + "k"])
             else:
-                sf1 = b.alloc(torch.int32, [*groups, p + "w1", p + "k"],
-                              view=([*groups, p + "k", p + "w1"], [f"{p}w1 * {p}k", "one", p + "k"][3 - rank :]))  # fmt: skip
+                strides1 = [f"{p}w1 * {p}k", "one", p + "k"][3 - rank :]
+                sf1 = b.alloc(torch.int32, [*groups, p + "w1", p + "k"], view=([*groups, p + "k", p + "w1"], strides1))
             # the (G, rows, words) views' strides; unsqueeze(0) of a (rows, words) one: rows * 1
             b.let(p + "o0g", f"{p}w0 * {p}n" if rank == 3 else p + "n")
             b.let(p + "o0r", "one")

@@ -266,8 +266,8 @@ def _plan(kernel, device, data_dtype, sf_in_dtype, x_block_size, out_block_size,
     b.check("T >= 1 and XH >= 16 and XH % 16 == 0 and (T == 1 or xs % 16 == 0)")
     b.let("H", "2 * XH")
     in_cols = f"(H + {bk_in - 1}) // {bk_in}"
-    sf_in = b.tensor((0, 1), sf_in_dtype, (f"(T + {bm_in - 1}) // {bm_in}", f"({in_cols} + 3) // 4" if in_packed else in_cols),
-             strides=("is0", "is1"), align=1)  # fmt: skip
+    in_shape = (f"(T + {bm_in - 1}) // {bm_in}", f"({in_cols} + 3) // 4" if in_packed else in_cols)
+    sf_in = b.tensor((0, 1), sf_in_dtype, in_shape, strides=("is0", "is1"), align=1)
     b.let("R", f"(T + {bm - 1}) // {bm}")
     cols = f"(H + {bk - 1}) // {bk}"
     b.let("C", f"({cols} + 3) // 4" if packed else cols)
