@@ -63,6 +63,21 @@ def bumps(monkeypatch):
     return slots
 
 
+def test_builder_counts_registers_not_names():
+    """Aliases (let of a bare symbol) and repeated constants take no register of their own: the
+    multi-weight plans below need them."""
+    b = plan.Builder()
+    b.tensor(0, torch.float32, ("n",), align=1)
+    for i in range(2 * plan.MAX_REGS):
+        b.let(f"alias{i}", "n")
+        b.value(1)
+        b.value("7")
+    assert b.nregs == 3
+    b.check("alias200 == n")
+    b.returns(None)
+    assert trace(b.build(), torch.empty(4))[0] is None
+
+
 # --- cast_back ---
 
 DATA_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)

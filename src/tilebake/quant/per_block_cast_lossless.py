@@ -193,7 +193,8 @@ def per_block_cast_lossless(
     launch(data, sf_in, y, sf, (bm_in, bk_in), (bm, bk), use_packed_ue8m0)
     if out is not None:  # the kernel wrote them behind autograd's back
         torch.autograd.graph.increment_version([t for t in (out_data, out_sf) if t is not None])
-    if not check and type(x) is tuple and (out is None or (type(out) is tuple and None not in out)):
+    fully_given = type(out) is tuple and out_data is not None and out_sf is not None
+    if not check and type(x) is tuple and (out is None or fully_given):  # the patterns with plans
         key = _plan_key(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                         check, out)  # fmt: skip
         if key is not None and key not in _PLANS:
