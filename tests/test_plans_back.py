@@ -360,8 +360,8 @@ def test_batched_transpose_weight_sf_native_path_scale_check():
     want = ((bits & 0x807FFFFF) != 0) | (exponent == 0) | (exponent == 255)
     assert torch.equal(btws._not_powers_of_two(values), want)
     good = make_sf((4, 8))
-    btws._check_scales([good, good.t()])
+    btws._scales_checked([good, good.t()])
     bad = good.clone()
     bad[2, 3] = 0.75
     with pytest.raises(ValueError, match="sf\\[1\\]\\[2, 3\\] = 0.75"):
-        btws._check_scales([good, bad, -good])
+        btws._scales_checked([good, bad, -good])

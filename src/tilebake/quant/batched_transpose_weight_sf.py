@@ -112,8 +112,9 @@ def batched_transpose_weight_sf(
     """
     # The native path: a call whose key has been seen runs as plans (validate, allocate and
     # launch in C), the host check of the scales' values between the validating plan and the
-    # launching one. A call a plan does not take (NotImplemented) goes on below. The classes
-    # are in the key because 1 and True are equal keys the checks below refuse.
+    # launching one. A call a plan does not take (NotImplemented) goes on below; not while
+    # torch.compile traces. The classes are in the key: 1 and True are equal keys the checks
+    # below tell apart.
     try:
         checks, call = _PLANS[(
             block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
@@ -123,15 +124,12 @@ def batched_transpose_weight_sf(
         pass
     else:
         args = sf if outs is None else (*sf, *outs)
-        if torch.cuda.is_current_stream_capturing():  # no host check in a graph (see below)
-            result = plan.run(call, *args)
-        elif plan.run(checks, *args) is None:
-            _check_scales(sf)
-            result = plan.run(call, *args)
-        else:
-            result = NotImplemented
-        if result is not NotImplemented:
-            return list(result)
+        if not torch.compiler.is_compiling():
+            capturing = torch.cuda.is_current_stream_capturing()  # no host check in a graph (see below)
+            if capturing or plan.run(checks, *args) is None:  # the validating plan took the call
+                result = plan.run(call, *args) if capturing or _scales_checked(sf) else NotImplemented
+                if result is not NotImplemented:
+                    return list(result)
     if block_size not in WEIGHT_SF_BLOCK_SIZES or isinstance(block_size, bool):
         raise ValueError(f"block_size must be one of {WEIGHT_SF_BLOCK_SIZES}, got {block_size!r}")
     sf, transpose_sf1s = list(sf), list(transpose_sf1s)
@@ -196,9 +194,9 @@ def _not_powers_of_two(s: torch.Tensor) -> torch.Tensor:
     return (torch.frexp(s).mantissa != 0.5).logical_or_(s < _SMALLEST_NORMAL)
 
 
-def _check_scales(sf) -> None:
-    """check_power_of_two_scales of every weight (the same error for the first bad one) with a
-    single host sync."""
+def _scales_checked(sf) -> bool:
+    """True, or check_power_of_two_scales's error for the first weight it refuses: one host sync
+    for all of them."""
     bad = None
     for s in sf:
         any_bad = _not_powers_of_two(s).any()
@@ -206,6 +204,7 @@ def _check_scales(sf) -> None:
     if bool(bad):
         for i, s in enumerate(sf):
             check_power_of_two_scales(s, f"sf[{i}]")
+    return True
 
 
 def _plan_key(sf, block_size, transpose_sf1s, outs):

@@ -131,8 +131,9 @@ def per_block_cast_lossless(
         tensors have their version counters bumped, as by torch's out= ops.
     """
     # The native path: a call whose key has been seen runs as one plan (validate, allocate and
-    # launch in C); a call the plan does not take (NotImplemented) goes on below. The classes
-    # are in the key because 1 and True (or 32.0 and 32) are equal keys the checks below refuse.
+    # launch in C); a call the plan does not take (NotImplemented) goes on below; not while
+    # torch.compile traces. The classes are in the key: 1 and True (or 32.0 and 32) are equal
+    # keys the checks below tell apart.
     try:
         call = _PLANS[
             fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, check,
@@ -143,9 +144,10 @@ def per_block_cast_lossless(
     except (KeyError, AttributeError, TypeError, IndexError):
         pass
     else:
-        result = plan.run(call, x, out)
-        if result is not NotImplemented:
-            return result
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, out)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, ("e4m3",))
     bm_in, bk_in, bm, bk = check_block_sizes(x_block_size, out_block_size)
     for name, value in (

@@ -91,8 +91,10 @@ def per_token_cast_and_cast_back(
     except (KeyError, AttributeError, TypeError):
         pass
     else:
-        if not torch.compiler.is_compiling() and plan.run(call, x) is not NotImplemented:
-            return None
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x)
+            if result is not NotImplemented:
+                return None
     try:
         key = _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
     except (KeyError, AttributeError, TypeError):
