@@ -44,6 +44,8 @@ def _quant():
     sfs = [torch.exp2(torch.randint(-20, 10, (1, H // 128), device=DEVICE).float())]
     empty_q = (torch.empty_like(q[0]), torch.empty_like(q[1]))
     nc = quant.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32)
+    lossless = quant.per_block_cast_lossless(e2m1, "e4m3", (1, 32), (1, 128), round_sf=True, use_packed_ue8m0=True)
+    weight_sf = quant.batched_transpose_weight_sf(sfs, 128, [True])
     return {
         "per_token_cast": (lambda: quant.per_token_cast(x, "e4m3", 128),
                            lambda: quant.per_token_cast(x, "e4m3", 128, out=empty_q)),
@@ -62,13 +64,15 @@ def _quant():
         "per_channel_cast": (lambda: quant.per_channel_cast(x, "e4m3", 128), None),
         "per_block_cast_lossless": (
             lambda: quant.per_block_cast_lossless(e2m1, "e4m3", (1, 32), (1, 128), round_sf=True, use_packed_ue8m0=True),
-            None),
+            lambda: quant.per_block_cast_lossless(e2m1, "e4m3", (1, 32), (1, 128), round_sf=True, use_packed_ue8m0=True,
+                                                  out=lossless)),
         "cast": (lambda: quant.cast(x, torch.float8_e4m3fn, stochastic_rounding=True), None),
         "cast_back": (lambda: quant.cast_back(q, "bf16", (1, 128)), None),
         "per_token_cast_back": (lambda: quant.per_token_cast_back(q, "bf16", 128), None),
         "per_token_cast_and_cast_back": (None, lambda: quant.per_token_cast_and_cast_back(x, "e4m3", 128)),
         "unpack_from_e2m1fn_x2": (lambda: quant.unpack_from_e2m1fn_x2(e2m1[0]), None),
-        "batched_transpose_weight_sf": (lambda: quant.batched_transpose_weight_sf(sfs, 128, [True]), None),
+        "batched_transpose_weight_sf": (lambda: quant.batched_transpose_weight_sf(sfs, 128, [True]),
+                                        lambda: quant.batched_transpose_weight_sf(sfs, 128, [True], weight_sf)),
         "norm_forward": (lambda: quant.norm_forward(x, w, 1e-6),
                          lambda: quant.norm_forward(x, w, 1e-6, out=y)),
         "norm_forward_and_per_token_cast": (

@@ -74,15 +74,16 @@ class Builder:
         self.code: list[int] = []
         self.floats: list[float] = []
         self.kernels: list = []  # (kernel, its launch spec)
-        self.regs: dict[str, int] = {}  # symbol -> register
+        self.regs: dict[str, int] = {}  # symbol -> register (several symbols may name one: let())
+        self.nregs = 0
         self.slots = 0
         self.launched = False
 
     # --- registers and expressions ---
     def _reg(self, name: str | None = None) -> int:
-        if len(self.regs) >= MAX_REGS:
+        if self.nregs >= MAX_REGS:
             raise ValueError("call plan: too many registers")
-        reg = len(self.regs)
+        reg, self.nregs = self.nregs, self.nregs + 1
         self.regs[name or f"%{reg}"] = reg
         return reg
 
@@ -124,11 +125,15 @@ class Builder:
         raise ValueError(f"call plan: unsupported expression {ast.dump(node)}")
 
     def value(self, expr) -> int:
-        """The register holding an int expression (a symbol's own register for a bare name)."""
+        """The register holding an int expression (a symbol's own register for a bare name, one
+        register per constant: launches' grids repeat "1")."""
         if isinstance(expr, str) and expr.isidentifier() and expr in self.regs:
             return self.regs[expr]
+        const = f"#{int(expr)}" if isinstance(expr, int) or (isinstance(expr, str) and expr.isdigit()) else None
+        if const in self.regs:
+            return self.regs[const]
         tokens = self._tokens(ast.parse(str(int(expr)) if isinstance(expr, int) else expr, mode="eval"))
-        reg = self._reg()
+        reg = self._reg(const)
         self.code += [OP_EXPR, reg, len(tokens), *tokens]
         return reg
 

@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.torch.weight_sf import (
@@ -106,13 +107,35 @@ def batched_transpose_weight_sf(
             is allocated.
 
     Returns:
-        [(sf0, sf1)] per weight. CPU tensors take the reference path.
+        [(sf0, sf1)] per weight. CPU tensors take the reference path. Given outs have their
+        version counters bumped, as by torch's out= ops.
     """
+    # The native path: a call whose key has been seen runs as plans (validate, allocate and
+    # launch in C), the host check of the scales' values between the validating plan and the
+    # launching one. A call a plan does not take (NotImplemented) goes on below; not while
+    # torch.compile traces. The classes are in the key: 1 and True are equal keys the checks
+    # below tell apart.
+    try:
+        checks, call = _PLANS[(
+            block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
+            *[(t, t.__class__) for t in transpose_sf1s], *[s.ndim for s in sf],
+        )]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        args = sf if outs is None else (*sf, *outs)
+        if not torch.compiler.is_compiling():
+            capturing = torch.cuda.is_current_stream_capturing()  # no host check in a graph (see below)
+            if capturing or plan.run(checks, *args) is None:  # the validating plan took the call
+                result = plan.run(call, *args) if capturing or _scales_checked(sf) else NotImplemented
+                if result is not NotImplemented:
+                    return list(result)
     if block_size not in WEIGHT_SF_BLOCK_SIZES or isinstance(block_size, bool):
         raise ValueError(f"block_size must be one of {WEIGHT_SF_BLOCK_SIZES}, got {block_size!r}")
     sf, transpose_sf1s = list(sf), list(transpose_sf1s)
     if len(transpose_sf1s) != len(sf):
         raise ValueError(f"transpose_sf1s must have one flag per weight ({len(sf)}), got {len(transpose_sf1s)}")
+    outs_given = outs is not None
     outs = [None] * len(sf) if outs is None else list(outs)
     if len(outs) != len(sf):
         raise ValueError(f"outs must have one entry (or None) per weight ({len(sf)}), got {len(outs)}")
@@ -143,7 +166,131 @@ def batched_transpose_weight_sf(
 
         return reference(sf, block_size, transpose_sf1s, outs)
 
-    return [transform(s, block_size, transpose, out) for s, transpose, out in zip(sf, transpose_sf1s, outs)]
+    results = [transform(s, block_size, transpose, out) for s, transpose, out in zip(sf, transpose_sf1s, outs)]
+    given = [t for out in outs if out is not None for t in out if t is not None]
+    if given:  # the kernel wrote them behind autograd's back
+        torch.autograd.graph.increment_version(given)
+    # Plans for up to MAX_PLANNED weights (a plan makes at most 8 launches), outs None or all given.
+    fully = outs_given and len(given) == 2 * len(sf) and all(type(out) is tuple for out in outs)
+    if 1 <= len(sf) <= MAX_PLANNED and (not outs_given or fully):
+        key = _plan_key(sf, block_size, transpose_sf1s, outs if outs_given else None)
+        if key not in _PLANS:
+            _PLANS[key] = plan.build_if_available(
+                _plans, _KERNELS["fp32",], sf[0].get_device(), block_size, tuple(s.dim() for s in sf),
+                tuple(transpose_sf1s), outs_given,
+            )  # fmt: skip
+    return results
+
+
+MAX_PLANNED = 4
+_PLANS = plan.cache()
+_SMALLEST_NORMAL = 2.0**-126
+
+
+def _not_powers_of_two(s: torch.Tensor) -> torch.Tensor:
+    """Where s is not a positive normal fp32 power of two, in three ops: frexp's mantissa is
+    exactly 0.5 for a power of two (subnormal ones too), another value for any other number,
+    +-0, +-inf and NaN."""
+    return (torch.frexp(s).mantissa != 0.5).logical_or_(s < _SMALLEST_NORMAL)
+
+
+def _scales_checked(sf) -> bool:
+    """True, or check_power_of_two_scales's error for the first weight it refuses: one host sync
+    for all of them."""
+    bad = None
+    for s in sf:
+        any_bad = _not_powers_of_two(s).any()
+        bad = any_bad if bad is None else bad.logical_or_(any_bad)
+    if bool(bad):
+        for i, s in enumerate(sf):
+            check_power_of_two_scales(s, f"sf[{i}]")
+    return True
+
+
+def _plan_key(sf, block_size, transpose_sf1s, outs):
+    """The call's key as the native path above looks it up."""
+    return (
+        block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
+        *[(t, t.__class__) for t in transpose_sf1s], *[s.ndim for s in sf],
+    )  # fmt: skip
+
+
+def _plans(kernel, device, block_size, ranks, transposes, given_outs):
+    """The CUDA path above as call plans: (the checks alone, returning None; the checks,
+    allocations and both launches of every weight, returning a tuple of (sf0, sf1)). Arguments:
+    the scales, then (with given_outs) each weight's (sf0, sf1). Empty weights take the Python
+    path."""
+    try:
+        return tuple(_plan(kernel, device, block_size, ranks, transposes, given_outs, run) for run in (False, True))
+    except ValueError:  # more registers or tensors than a plan holds: the Python path
+        return None
+
+
+def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
+    b = plan.Builder()
+    b.let("shift", block_size.bit_length() - 1)
+    b.let("one", 1)
+    results = []
+    for i, (rank, transpose) in enumerate(zip(ranks, transposes)):
+        p = f"w{i}_"  # this weight's symbols
+        names = [p + n for n in ("g", "nb", "kb")][3 - rank :]
+        strides = [p + n for n in ("sg", "sr", "sc")][3 - rank :]
+        s = b.tensor(i, torch.float32, names, strides=strides, align=4)
+        if rank == 2:  # transform()'s unsqueeze(0): one group, its stride nb * sr
+            b.let(p + "g", "one")
+            b.let(p + "sg", f"{p}nb * {p}sr")
+        b.check(f"{p}g >= 1 and {p}nb >= 1 and {p}kb >= 1")
+        b.let(p + "n", f"{p}nb * {block_size}")
+        b.let(p + "k", f"{p}kb * {block_size}")
+        b.let(p + "w0", f"({p}kb + 3) // 4")
+        b.let(p + "w1", f"({p}nb + 3) // 4")
+        groups = [p + "g"] if rank == 3 else []
+        if given_outs:  # (sf0, sf1) at any strides; the kernel's (G, rows, words) views of them
+            sf0 = b.tensor((len(ranks) + i, 0), torch.int32, [*groups, p + "n", p + "w0"],
+                           strides=[p + n for n in ("o0g", "o0r", "o0w")][3 - rank :], align=4)  # fmt: skip
+            sf1_shape = [p + "w1", p + "k"] if transpose else [p + "k", p + "w1"]
+            sf1_strides = [p + "o1a", p + "o1b"]
+            sf1 = b.tensor((len(ranks) + i, 1), torch.int32, [*groups, *sf1_shape],
+                           strides=[p + "o1g", *sf1_strides][3 - rank :], align=4)  # fmt: skip
+            # sf1 as (G, k, words): transposed when the buffer itself was given
+            b.let(p + "o1r", sf1_strides[1] if transpose else sf1_strides[0])
+            b.let(p + "o1w", sf1_strides[0] if transpose else sf1_strides[1])
+            if rank == 2:  # unsqueeze(0) of the (rows, words) views
+                b.let(p + "o0g", f"{p}n * {p}o0r")
+                b.let(p + "o1g", f"{p}k * {p}o1r")
+        elif launch:  # weight_sf_layout / sf1_layout: MN-major views of (G?, words, rows) buffers
+            strides0 = [f"{p}w0 * {p}n", "one", p + "n"][3 - rank :]
+            sf0 = b.alloc(torch.int32, [*groups, p + "w0", p + "n"], view=([*groups, p + "n", p + "w0"], strides0))
+            if transpose:  # the (G?, w1, k) buffer itself
+                sf1 = b.alloc(torch.int32, [*groups, p + "w1", p + "k"])
+            else:
+                strides1 = [f"{p}w1 * {p}k", "one", p + "k"][3 - rank :]
+                sf1 = b.alloc(torch.int32, [*groups, p + "w1", p + "k"], view=([*groups, p + "k", p + "w1"], strides1))
+            # the (G, rows, words) views' strides; unsqueeze(0) of a (rows, words) one: rows * 1
+            b.let(p + "o0g", f"{p}w0 * {p}n" if rank == 3 else p + "n")
+            b.let(p + "o0r", "one")
+            b.let(p + "o0w", p + "n")
+            b.let(p + "o1g", f"{p}w1 * {p}k" if rank == 3 else p + "k")
+            b.let(p + "o1r", "one")
+            b.let(p + "o1w", p + "k")
+        if launch:
+            results.append((s, sf0, sf1))
+    for i, (s, sf0, sf1) in enumerate(results):
+        p = f"w{i}_"
+        for out, rows, words, cols, o, (sr, sc) in (
+            (sf0, "n", "w0", "kb", "o0", ("sr", "sc")), (sf1, "k", "w1", "nb", "o1", ("sc", "sr"))
+        ):  # fmt: skip
+            b.launch(
+                kernel, device, SF=s, OUT=out, num_words_total=f"{p}g * {p}{rows} * {p}{words}", rows=p + rows,
+                words=p + words, cols=p + cols, shift="shift", in_stride_g=p + "sg", in_stride_r=p + sr,
+                in_stride_c=p + sc, out_stride_g=f"{p}{o}g", out_stride_r=f"{p}{o}r", out_stride_w=f"{p}{o}w",
+            )  # fmt: skip
+    if given_outs:
+        for _, sf0, sf1 in results:
+            b.bump(sf0)
+            b.bump(sf1)
+    b.returns(tuple((sf0, sf1) for _, sf0, sf1 in results) if launch else None)
+    return b.build()
 
 
 def transform(s: torch.Tensor, block_size: int, transpose: bool, out, kernels=_KERNELS):

@@ -13,6 +13,7 @@ import operator
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import FLOAT_DTYPES, QuantTensor, check_aligned, check_fmt, check_rows
@@ -110,6 +111,18 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
         x_block_size: the SF block (bm, bk): bm >= 1, bk a multiple of 16 or 1 (per-channel).
         x_special_fmt: reserved, must be None.
     """
+    # The native path: a call whose key has been seen runs as one plan (validate, allocate and
+    # launch in C); a call the plan does not take (NotImplemented) goes on below. torch.compile
+    # traces the Python path (its torch.library op), never the native call.
+    try:
+        call = _PLANS[fmt, x_block_size, x_special_fmt, x[0].dtype, x[1].dtype]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x)
+            if result is not NotImplemented:
+                return result
     # Validate: the non-tensor arguments once per combination, the tensors every call.
     try:
         block_m, block_k = _KEYS[fmt, x_block_size, x_special_fmt]
@@ -151,7 +164,47 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
         data_ptr, sf.data_ptr(), out.data_ptr(), block_m, block_k, num_tokens, x_cols, data.stride(0),
         sf.stride(0) * scale, sf.stride(1) * scale,
     )  # fmt: skip
+    if type(x) is tuple and type(x_block_size) is tuple:  # the plan's arguments and key must be hashable tuples
+        plan_key = (fmt, x_block_size, x_special_fmt, data.dtype, sf.dtype)
+        if plan_key not in _PLANS:
+            _PLANS[plan_key] = plan.build_if_available(
+                _plan, _KERNELS[in_fmt, fmt, sf_kind, block_k == 1], data.get_device(), data.dtype, sf.dtype, fmt,
+                block_m, block_k,
+            )  # fmt: skip
     return out
+
+
+_PLANS = plan.cache()
+
+
+def _plan(kernel, device, data_dtype, sf_dtype, fmt, block_m, block_k):
+    """cast_back's CUDA path above as a call plan: the same checks (a non-empty problem only:
+    an empty one takes the Python path), the same allocation and kernel arguments."""
+    e2m1 = data_dtype != torch.float8_e4m3fn
+    row_bytes, multiple = (8, 8) if e2m1 else (16, 16)
+    b = plan.Builder()
+    data = b.tensor((0, 0), data_dtype, ("T", "XC"), strides=("xs", 1), align=row_bytes)
+    b.check(f"T >= 1 and XC >= 1 and XC % {multiple} == 0 and (T == 1 or xs % {row_bytes} == 0)")
+    b.let("H", "2 * XC" if e2m1 else "XC")
+    b.let("R", f"(T + {block_m - 1}) // {block_m}")
+    b.let("C", f"(H + {block_k - 1}) // {block_k}")
+    packed = _SF_KINDS[sf_dtype] == "ue8m0"
+    if packed:  # four UE8M0 bytes a word: along T for per-channel SF, else along H
+        shape = ("(R + 3) // 4", "C") if block_k == 1 else ("R", "(C + 3) // 4")
+    else:
+        shape = ("R", "C")
+    sf = b.tensor((0, 1), sf_dtype, ("SR", "SC"), strides=("s0", "s1"), align=1)
+    b.check(f"SR == {shape[0]} and SC == {shape[1]}")
+    if block_k == 1:  # no column-major per-channel SF
+        b.check("SR <= 1 or SC <= 1 or s0 != 1")
+    y = b.alloc(FLOAT_DTYPES[fmt], ("T", "H"))
+    scale = 4 if packed else 1  # the kernel addresses packed SF in bytes
+    b.launch(
+        kernel, device, X=data, S=sf, Y=y, block_m=block_m, block_k=block_k, num_tokens="T", x_cols="XC",
+        x_stride="xs", sf_stride_0=f"s0 * {scale}", sf_stride_1=f"s1 * {scale}",
+    )  # fmt: skip
+    b.returns(y)
+    return b.build()
 
 
 def per_token_cast_back(x: QuantTensor, fmt: str, num_per_channels: int, x_special_fmt=None) -> torch.Tensor:

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.quant._common import (
@@ -126,8 +127,27 @@ def per_block_cast_lossless(
             exactly (a host sync). Without it such blocks carry a NaN scale (UE8M0 0xFF).
 
     Returns:
-        (data e4m3 (T, H), sf) with cast_back(result) == cast_back(x) exactly.
+        (data e4m3 (T, H), sf) with cast_back(result) == cast_back(x) exactly. Given out=
+        tensors have their version counters bumped, as by torch's out= ops.
     """
+    # The native path: a call whose key has been seen runs as one plan (validate, allocate and
+    # launch in C); a call the plan does not take (NotImplemented) goes on below; not while
+    # torch.compile traces. The classes are in the key: 1 and True (or 32.0 and 32) are equal
+    # keys the checks below tell apart.
+    try:
+        call = _PLANS[
+            fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, check,
+            out is None, x[0].dtype, x[1].dtype, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+            use_packed_ue8m0.__class__, check.__class__, x_block_size[0].__class__, x_block_size[1].__class__,
+            out_block_size[0].__class__, out_block_size[1].__class__,
+        ]  # fmt: skip
+    except (KeyError, AttributeError, TypeError, IndexError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, out)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, ("e4m3",))
     bm_in, bk_in, bm, bk = check_block_sizes(x_block_size, out_block_size)
     for name, value in (
@@ -173,6 +193,17 @@ def per_block_cast_lossless(
     if num_tokens == 0 or hidden == 0:
         return y, sf
     launch(data, sf_in, y, sf, (bm_in, bk_in), (bm, bk), use_packed_ue8m0)
+    if out is not None:  # the kernel wrote them behind autograd's back
+        torch.autograd.graph.increment_version([t for t in (out_data, out_sf) if t is not None])
+    fully_given = type(out) is tuple and out_data is not None and out_sf is not None
+    if not check and type(x) is tuple and (out is None or fully_given):  # the patterns with plans
+        key = _plan_key(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                        check, out)  # fmt: skip
+        if key is not None and key not in _PLANS:
+            _PLANS[key] = plan.build_if_available(
+                _plan, _KERNELS["e4m3",], data.get_device(), data.dtype, sf_in.dtype, (bm_in, bk_in), (bm, bk),
+                use_tma_aligned_col_major_sf, use_packed_ue8m0, out is not None,
+            )  # fmt: skip
     if check:
         if use_packed_ue8m0:  # any byte 0xFF (read by shifts: a column-major view has no byte view)
             bad = torch.stack([((sf >> shift) & 0xFF) == 0xFF for shift in (0, 8, 16, 24)])
@@ -209,3 +240,65 @@ def launch(data, sf_in, y, sf, x_block_size, out_block_size, use_packed_ue8m0: b
         int(use_packed_ue8m0), sf.stride(0) * size, sf.stride(1) * size,
         num_tokens, hidden // 8, x_stride, y_stride,
     )  # fmt: skip
+
+
+_PLANS = plan.cache()
+
+
+def _plan_key(x, fmt, x_block_size, out_block_size, col_major, round_sf, use_packed_ue8m0, check, out):
+    """The call's key as per_block_cast_lossless's native path looks it up (None: not hashable)."""
+    key = (
+        fmt, x_block_size, out_block_size, col_major, round_sf, use_packed_ue8m0, check, out is None, x[0].dtype,
+        x[1].dtype, col_major.__class__, round_sf.__class__, use_packed_ue8m0.__class__, check.__class__,
+        x_block_size[0].__class__, x_block_size[1].__class__, out_block_size[0].__class__, out_block_size[1].__class__,
+    )  # fmt: skip
+    try:
+        hash(key)
+    except TypeError:  # e.g. a list of block sizes
+        return None
+    return key
+
+
+def _plan(kernel, device, data_dtype, sf_in_dtype, x_block_size, out_block_size, col_major, packed, given_out):
+    """The CUDA path above (check=False) as a call plan: the same checks (a non-empty problem
+    only: an empty one takes the Python path), allocations and kernel arguments."""
+    (bm_in, bk_in), (bm, bk) = x_block_size, out_block_size
+    in_packed = sf_in_dtype == torch.int32
+    b = plan.Builder()
+    data = b.tensor((0, 0), data_dtype, ("T", "XH"), strides=("xs", 1))
+    b.check("T >= 1 and XH >= 16 and XH % 16 == 0 and (T == 1 or xs % 16 == 0)")
+    b.let("H", "2 * XH")
+    in_cols = f"(H + {bk_in - 1}) // {bk_in}"
+    in_shape = (f"(T + {bm_in - 1}) // {bm_in}", f"({in_cols} + 3) // 4" if in_packed else in_cols)
+    sf_in = b.tensor((0, 1), sf_in_dtype, in_shape, strides=("is0", "is1"), align=1)
+    b.let("R", f"(T + {bm - 1}) // {bm}")
+    cols = f"(H + {bk - 1}) // {bk}"
+    b.let("C", f"({cols} + 3) // 4" if packed else cols)
+    sf_dtype = torch.int32 if packed else torch.float32
+    if given_out:  # rows as check_out_data wants them (16-byte multiples, apart); the SF at any strides
+        y = b.tensor((1, 0), torch.float8_e4m3fn, ("T", "H"), strides=("ys", 1))
+        b.check("T == 1 or (ys % 16 == 0 and ys >= H)")
+        sf = b.tensor((1, 1), sf_dtype, ("R", "C"), strides=("s0", "s1"), align=1)
+    else:
+        y = b.alloc(torch.float8_e4m3fn, ("T", "H"))
+        b.let("ys", "H")
+        if col_major:  # alloc_sf's TMA-aligned layout: a (C, padded R) buffer's transposed (R, C) view
+            b.let("s1", "(R + 3) // 4 * 4")
+            sf = b.alloc(sf_dtype, ("C", "s1"), view=(("R", "C"), (1, "s1")))
+            b.let("s0", 1)
+        else:
+            sf = b.alloc(sf_dtype, ("R", "C"))
+            b.let("s0", "C")
+            b.let("s1", 1)
+    b.launch(
+        kernel, device, X=data, Y=y, SIN=sf_in, SIN32=sf_in, S=sf, in_sf_packed=int(in_packed),
+        in_sf_stride_m="is0 * 4", in_sf_stride_k="is1 * 4", in_shift_m=bm_in.bit_length() - 1,
+        in_shift_k=bk_in.bit_length() - 1, out_shift_m=bm.bit_length() - 1, out_shift_k=bk.bit_length() - 1,
+        packed_sf=int(packed), sf_stride_m="s0 * 4", sf_stride_k="s1 * 4", num_tokens="T", x_words="H // 8",
+        x_stride="min(T - 1, 1) * (xs // 4)", y_stride="min(T - 1, 1) * (ys // 4)",
+    )  # fmt: skip
+    if given_out:
+        b.bump(y)
+        b.bump(sf)
+    b.returns((y, sf))
+    return b.build()

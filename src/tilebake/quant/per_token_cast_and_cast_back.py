@@ -14,6 +14,7 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.quant._common import (
@@ -79,8 +80,21 @@ def per_token_cast_and_cast_back(
         round_sf: scales rounded up to powers of two.
         use_e4m3_sf: scales stored as float8_e4m3fn (not with round_sf).
     The amax clamp is config.get_amax_clamp_for_quant(fmt, use_e4m3_sf). CPU tensors take the
-    pure-torch reference path (same bytes).
+    pure-torch reference path (same bytes). x's version counter is bumped, as by torch's
+    in-place ops.
     """
+    # The native path: a call whose key has been seen runs as one plan (validate and launch in
+    # C); a call the plan does not take (NotImplemented) goes on below. torch.compile traces
+    # the Python path (its torch.library op), never the native call.
+    try:
+        call = _PLANS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x)
+            if result is not NotImplemented:
+                return None
     try:
         key = _KEYS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
     except (KeyError, AttributeError, TypeError):
@@ -95,13 +109,37 @@ def per_token_cast_and_cast_back(
 
         x.copy_(per_token_cast_and_cast_back_ref(x, fmt, num_per_channels, round_sf, use_e4m3_sf, amax_clamp))
         return None
+    torch.autograd.graph.increment_version(x)  # the kernel writes x behind autograd's back
     if num_tokens == 0 or hidden == 0:
         return None
     x_ptr = x.data_ptr()
     if x_ptr % 16:
         check_aligned(x_ptr, "x")
     _KERNELS[key](x.get_device(), x_ptr, amax_clamp, int(round_sf), int(use_e4m3_sf), num_tokens, hidden, x.stride(0))
+    plan_key = (x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf)
+    if plan_key not in _PLANS:
+        _PLANS[plan_key] = plan.build_if_available(
+            _plan, _KERNELS[key], x.get_device(), x.dtype, amax_clamp, round_sf, use_e4m3_sf
+        )
     return None
+
+
+_PLANS = plan.cache()
+
+
+def _plan(kernel, device, dtype, amax_clamp, round_sf, use_e4m3_sf):
+    """The CUDA path above as a call plan: the same checks (a non-empty x only: an empty one
+    takes the Python path), the same kernel arguments and the version bump."""
+    b = plan.Builder()
+    x = b.tensor(0, dtype, ("T", "H"), strides=("xs", 1))
+    b.check(f"T >= 1 and H >= 16 and H % 16 == 0 and (T == 1 or xs % {16 // dtype.itemsize} == 0)")
+    b.launch(
+        kernel, device, X=x, amax_clamp=amax_clamp, round_sf=int(round_sf), use_e4m3_sf=int(use_e4m3_sf),
+        num_tokens="T", hidden="H", x_stride="xs",
+    )  # fmt: skip
+    b.bump(x)
+    b.returns(None)
+    return b.build()
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
