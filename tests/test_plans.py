@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
+from tests.plan_helpers import ManifestKernel, needs_plans, trace
 from tilebake._runtime import plan
 from tilebake._runtime.loader import _native
 
@@ -124,44 +124,7 @@ def test_config_changes_empty_the_plans():
     tilebake.config.reset_runtime_config()
 
 
-# --- per_token_cast's hot plan ---
-
-PTC_CASES = list(itertools.product((torch.bfloat16, torch.float32), (32, 128), (False, True), (False, True), (False, True)))
-
-
-@pytest.mark.parametrize("dtype,npc,col_major,packed,given", PTC_CASES)
-def test_per_token_cast_plan(dtype, npc, col_major, packed, given):
-    from tilebake import config
-    import importlib
-
-    ptc = importlib.import_module("tilebake.quant.per_token_cast")
-    from tilebake.torch import cast
-
-    sf_mode = "ue8m0" if packed else "fp32"  # packed implies round_sf
-    kernel = ManifestKernel(ptc.PerTokenCastVariant("bf16" if dtype == torch.bfloat16 else "fp32", "e4m3", npc, sf_mode))
-    p = ptc._hot_plan(kernel, 0, dtype, npc, col_major, packed, given)
-    for num_tokens, hidden in ((1, 16), (5, 7168), (8001 % 37, 272)):
-        x = torch.randn(num_tokens, hidden).to(dtype)
-        ref = cast(x, "e4m3", (1, npc), round_sf=packed, use_packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
-        out = None
-        if given:
-            out = (torch.empty_like(ref[0]), torch.empty_strided(ref[1].shape, ref[1].stride(), dtype=ref[1].dtype))
-        (data, sf), launches = trace(p, x, out)
-        if given:
-            assert data is out[0] and sf is out[1]
-        for got, want in ((data, ref[0]), (sf, ref[1])):
-            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
-        unit = 4 if packed else 1
-        assert [launch[0] for launch in launches] == [0]
-        assert params_of(kernel, launches[0]) == dict(
-            X=x.data_ptr(), Y=data.data_ptr(), S=sf.data_ptr(),
-            amax_clamp=pytest.approx(config.get_amax_clamp_for_quant("e4m3", False), rel=1e-7),
-            num_tokens=num_tokens, hidden=hidden, x_stride=x.stride(0), y_stride=data.stride(0),
-            sf_stride_t=sf.stride(0) * unit, sf_stride_g=sf.stride(1) * unit,
-        )  # fmt: skip
-    # what the Python path checks, the plan refuses
-    assert trace(p, torch.randn(4, 24).to(dtype), out)[0] is NotImplemented  # H % 16
-    assert trace(p, torch.randn(0, 64).to(dtype), out)[0] is NotImplemented  # no rows: the Python path
+# --- the ops' plans: tests/test_plans_<group>.py (the cast ops: test_plans_cast.py) ---
 
 
 def test_a_planned_key_still_traces_under_torch_compile(monkeypatch):
@@ -169,10 +132,13 @@ def test_a_planned_key_still_traces_under_torch_compile(monkeypatch):
     dynamo traces: fullgraph=True traces the op's torch.library node."""
     import importlib
 
+    from tilebake.quant import _cast_plans as plans
+
     ptc = importlib.import_module("tilebake.quant.per_token_cast")
     kernel = ManifestKernel(ptc.PerTokenCastVariant("bf16", "e4m3", 128, "fp32"))
     key = (torch.bfloat16, "e4m3", 128, None, False, False, False, False, False, True)
-    monkeypatch.setitem(ptc._PLANS, key, ptc._hot_plan(kernel, 0, torch.bfloat16, 128, False, False, False))
+    p = plans.per_token_plan(kernel, 0, torch.bfloat16, "e4m3", 128, torch.float32, False, False, False, 1e-4)
+    monkeypatch.setitem(ptc._PLANS, key, p)
     x = torch.randn(33, 256).bfloat16()
     data, sf = torch.compile(lambda t: ptc.per_token_cast(t, "e4m3", 128), fullgraph=True, backend="aot_eager")(x)
     want = ptc.per_token_cast(x, "e4m3", 128)

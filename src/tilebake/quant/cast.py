@@ -14,8 +14,10 @@ import dataclasses
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import check_aligned
 from tilebake.utils import FORMAT_NAMES
 
@@ -36,6 +38,7 @@ class CastVariant(Variant):
 
 _SR_PAIRS = {("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")}
 _KERNELS = KernelTable(CastVariant)
+_PLANS = plan.cache()  # the stochastic-rounding calls, by the fast path's key (x.ndim: a plan takes one rank)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False) -> torch.Tensor:
@@ -51,6 +54,16 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
             .to does) and NaN stays NaN; to bf16, NaN stays NaN and values past the largest
             finite bf16 may round to inf.
     """
+    # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
+    try:
+        call = _PLANS[x.dtype, dtype, stochastic_rounding is True, x.ndim]
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x)
+            if result is not NotImplemented:
+                return result
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     src = FORMAT_NAMES.get(x.dtype)
@@ -89,6 +102,11 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
     if x_ptr % 16:
         check_aligned(x_ptr, "x")
     _KERNELS[src, dst](x.get_device(), x_ptr, out.data_ptr(), numel // 4)
+    if 1 <= x.ndim <= 6:  # the plans' rank limit
+        plans.remember(
+            _PLANS, (x.dtype, dtype, True, x.ndim), plans.stochastic_cast_plan, _KERNELS[src, dst], x.get_device(),
+            x.dtype, dtype, x.ndim,
+        )  # fmt: skip
     return out
 
 

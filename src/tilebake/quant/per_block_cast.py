@@ -15,8 +15,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
@@ -102,12 +104,16 @@ def _data_shape(fmt: str, num_tokens: int, hidden: int) -> tuple[tuple[int, int]
 
 
 _KERNELS = KernelTable(PerBlockCastVariant)
+# The three functions' plans, by their fast paths' keys: the arguments and the flags' types (1 ==
+# True, but the flags must be bools).
+_PLANS, _SF_ONLY_PLANS, _PRECOMPUTED_PLANS = plan.cache(), plan.cache(), plan.cache()
 
 
-def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> None:
+def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> bool:
+    """The kernel's launch; False: nothing to do (an empty x)."""
     num_tokens, hidden = x.shape
     if num_tokens == 0 or hidden == 0:
-        return
+        return False
     x_ptr = x.data_ptr()
     data_ptr = data.data_ptr() if data is not None else x_ptr
     if (x_ptr | data_ptr) % 16:
@@ -119,6 +125,15 @@ def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> None:
         x_ptr, data_ptr, sf.data_ptr(), config.get_amax_clamp_for_quant(fmt, False),
         mode, int(round_sf), int(packed), sf.stride(0) * size, sf.stride(1) * size,
         num_tokens, hidden, x.stride(0), data.stride(0) if data is not None else 0,
+    )  # fmt: skip
+    return True
+
+
+def _remember(plans_cache, plan_key, key, mode, x, fmt, round_sf, packed, col_major, given, form) -> None:
+    """The call's plan, built once per key after its launch (given: out= was given whole)."""
+    plans.remember(
+        plans_cache, plan_key, plans.per_block_plan, _KERNELS[key], x.get_device(), x.dtype, fmt, key[2], key[3],
+        packed, col_major, given, config.get_amax_clamp_for_quant(fmt, False), mode, round_sf, form,
     )  # fmt: skip
 
 
@@ -183,6 +198,18 @@ def per_block_cast(
     Returns:
         (data, sf) with x ~= data * sf per block. CPU tensors take the reference path.
     """
+    # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
+    try:
+        call = _PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                      out is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+                      use_packed_ue8m0.__class__]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, out)
+            if result is not NotImplemented:
+                return result
     key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     _, _, bm, bk = key
     shape, dtype = _data_shape(fmt, num_tokens, hidden)
@@ -197,11 +224,18 @@ def per_block_cast(
         return _compiled_path(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0, data, sf)
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         return fill_out(_reference(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0), data, sf)
+    given = data is not None and sf is not None
     if data is None:
         data = x.new_empty(shape, dtype=dtype)
     if sf is None:
         sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, col)
-    _launch(key, _MODE_CAST, x, data, sf, fmt, round_sf, use_packed_ue8m0)
+    if not _launch(key, _MODE_CAST, x, data, sf, fmt, round_sf, use_packed_ue8m0):
+        return data, sf
+    if out is not None:  # written in place, as by torch's out= ops
+        plans.bump(*out)
+    if out is None or given:
+        plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out is None, bool, bool, bool)
+        _remember(_PLANS, plan_key, key, _MODE_CAST, x, fmt, round_sf, use_packed_ue8m0, col, given, plans.CAST)
     return data, sf
 
 
@@ -215,6 +249,17 @@ def per_block_cast_with_sf_only(
     out_sf: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Only the scale factors of `per_block_cast` (same arguments, same SF bytes and layout)."""
+    try:  # the native path, as per_block_cast's
+        call = _SF_ONLY_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                              out_sf is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+                              use_packed_ue8m0.__class__]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, out_sf)
+            if result is not NotImplemented:
+                return result
     key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     _, _, bm, bk = key
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
@@ -226,7 +271,15 @@ def per_block_cast_with_sf_only(
     sf = out_sf
     if sf is None:
         sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
-    _launch(key, _MODE_SF_ONLY, x, None, sf, fmt, round_sf, use_packed_ue8m0)
+    if _launch(key, _MODE_SF_ONLY, x, None, sf, fmt, round_sf, use_packed_ue8m0):
+        if out_sf is not None:
+            plans.bump(out_sf)
+        col = use_tma_aligned_col_major_sf
+        plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out_sf is None, bool, bool, bool)
+        _remember(
+            _SF_ONLY_PLANS, plan_key, key, _MODE_SF_ONLY, x, fmt, round_sf, use_packed_ue8m0, col, out_sf is not None,
+            plans.SF_ONLY,
+        )  # fmt: skip
     return sf
 
 
@@ -247,6 +300,17 @@ def per_block_cast_with_precomputed_sf(
     use_tma_aligned_col_major_sf and round_sf describe how `sf` was made and do not change
     the arithmetic; they are accepted for signature compatibility. Returns the data only.
     """
+    try:  # the native path, as per_block_cast's
+        call = _PRECOMPUTED_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                                  use_packed_ue8m0, out is None, use_tma_aligned_col_major_sf.__class__,
+                                  round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x, sf, out)
+            if result is not NotImplemented:
+                return result
     key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     if use_packed_ue8m0:
         raise ValueError("use_packed_ue8m0 must be False: a precomputed SF is fp32 (unpack UE8M0 first)")
@@ -262,7 +326,15 @@ def per_block_cast_with_precomputed_sf(
         data = cast_with_precomputed_sf(x, fmt, (bm, bk), sf)
         return data if out is None else out.copy_(data)
     data = out if out is not None else x.new_empty(shape, dtype=dtype)
-    _launch(key, _MODE_PRECOMPUTED, x, data, sf, fmt, False, False)
+    if _launch(key, _MODE_PRECOMPUTED, x, data, sf, fmt, False, False):
+        if out is not None:
+            plans.bump(out)
+        col = use_tma_aligned_col_major_sf
+        plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out is None, bool, bool, bool)
+        _remember(
+            _PRECOMPUTED_PLANS, plan_key, key, _MODE_PRECOMPUTED, x, fmt, False, False, False, out is not None,
+            plans.PRECOMPUTED,
+        )  # fmt: skip
     return data
 
 

@@ -14,8 +14,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     NUM_PER_CHANNELS,
@@ -54,6 +56,7 @@ _QUANTIZED_PARAMS = ptr("SIN") + i32("in_sf_packed", "in_sf_stride_t", "in_sf_st
 
 
 _KERNELS = KernelTable(PerChannelCastVariant)
+_PLANS = plan.cache()  # a plain input's calls, by the fast path's key (with the flags' types: they must be bools)
 
 
 def _check_flag(value, name: str) -> None:
@@ -114,6 +117,17 @@ def per_channel_cast(
         (data, sf): e4m3 (T, H) and fp32 (ceil(T/npt), H) row-major (or the packed int32).
         CPU tensors take the reference path.
     """
+    # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
+    try:
+        call = _PLANS[x.dtype, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
+                      round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
+    except (KeyError, AttributeError, TypeError):
+        pass
+    else:
+        if not torch.compiler.is_compiling():
+            result = plan.run(call, x)
+            if result is not NotImplemented:
+                return result
     check_fmt(fmt, ("e4m3",))
     if num_per_tokens not in NUM_PER_TOKENS or isinstance(num_per_tokens, bool):
         raise ValueError(f"num_per_tokens must be one of {NUM_PER_TOKENS}, got {num_per_tokens!r}")
@@ -163,6 +177,11 @@ def per_channel_cast(
     )  # fmt: skip
     if sf_in is None:
         _KERNELS[in_dtype, num_per_tokens](data_in.get_device(), *args)
+        plans.remember(
+            _PLANS, (x.dtype, fmt, num_per_tokens, round_sf, None, use_packed_ue8m0, bool, bool),
+            plans.per_channel_plan, _KERNELS[in_dtype, num_per_tokens], data_in.get_device(), x.dtype, num_per_tokens,
+            round_sf, use_packed_ue8m0, config.get_amax_clamp_for_quant("e4m3", False),
+        )  # fmt: skip
     else:
         size = sf_in.element_size()  # the kernel addresses the input SF in bytes
         _KERNELS[in_dtype, num_per_tokens](
