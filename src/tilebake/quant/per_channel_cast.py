@@ -117,9 +117,10 @@ def per_channel_cast(
         (data, sf): e4m3 (T, H) and fp32 (ceil(T/npt), H) row-major (or the packed int32).
         CPU tensors take the reference path.
     """
-    # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
+    # The native path (see per_token_cast): a call whose key has been seen runs as one plan. A
+    # QuantTensor x has no plan (getattr: dynamo cannot hash a tuple's x.dtype while it traces).
     try:
-        call = _PLANS[x.dtype, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
+        call = _PLANS[getattr(x, "dtype", None), fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
                       round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
     except (KeyError, AttributeError, TypeError):
         pass
