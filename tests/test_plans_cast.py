@@ -14,6 +14,8 @@ import torch
 import tilebake
 from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
 from tilebake import config
+from tilebake._runtime import plan
+from tilebake._runtime.loader import _native
 from tilebake.quant import _cast_plans as plans
 
 pytestmark = needs_plans
@@ -362,6 +364,20 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
         got = torch.compile(call, fullgraph=True, backend="eager")(x)
         for g, w in zip(got, call(x)):
             assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+
+def test_no_plan_is_remembered_without_the_exchange_api(monkeypatch):
+    """A key without a plan stays out of the cache: the fast path hands what it finds to plan.run,
+    which takes only plans."""
+    cache = {}
+    plans.remember(cache, ("k",), lambda: "a plan")
+    plans.remember(cache, ("k", []), lambda: pytest.fail("an unhashable key"))
+    assert cache == {("k",): "a plan"}
+    monkeypatch.setattr(plan, "available", lambda: False)
+    plans.remember(cache, ("other",), lambda: pytest.fail("built"))
+    assert ("other",) not in cache
+    with pytest.raises(ValueError):  # why: plan.run(None, ...) is no NotImplemented
+        _native().run(None, torch.ones(4))
 
 
 def test_int_flags_miss_the_bool_keys(monkeypatch):

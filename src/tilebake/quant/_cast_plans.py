@@ -15,14 +15,17 @@ from tilebake._runtime import plan
 
 
 def remember(plans: dict, key, make, *args) -> None:
-    """plans[key] = make(*args) (or None without the exchange API), once per key; a key of
-    unhashable arguments gets none (such calls stay on the Python path)."""
+    """plans[key] = make(*args), once per key. None is never stored (the fast path would hand it
+    to plan.run): without the exchange API, and for a key of unhashable arguments, calls stay on
+    the Python path."""
     try:
         if key in plans:
             return
     except TypeError:
         return
-    plans[key] = plan.build_if_available(make, *args)
+    built = plan.build_if_available(make, *args)
+    if built is not None:
+        plans[key] = built
 
 
 def bump(*tensors) -> None:
