@@ -34,14 +34,26 @@ class LaunchConfig:
     threads: int  # one CTA per row
     vec: int  # contiguous elements per thread per pass (whole 16-byte vectors for bf16)
     min_ctas: int  # rows resident per SM: caps the registers
+    w_early: bool = False  # load the weight with the row (registers) instead of after the sum
 
 
-# Chosen by bench/tune.py on the H200 (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log):
-# bf16 with weight and residual at 16384 x 7168 reached 95.2% of copy bandwidth (64 registers, no
-# spills), against 86.6% for 128 threads x 16 elements x 5 CTAs (95 registers).
-# kernels_tl/quant/norm_forward_and_per_token_cast.py has the same 256 x 8 mapping (so the same
-# sum-of-squares order): change the two together.
-DEFAULT_CONFIG = LaunchConfig(threads=256, vec=8, min_ctas=4)
+# Threads per CTA of both ops' kernels (this one and norm_forward_and_per_token_cast's), per
+# (in_dtype, has_residual), each thread VEC = 8 contiguous elements a pass: the mapping fixes the
+# order of the sum of squares, so the two ops must take the same one. bf16: 128 x 8, so hidden
+# 7168 is 7 whole passes (with 256 x 8 the 4th of 4 passes ran with half the warps masked);
+# fp32 keeps 256 x 8 (a row of 8 passes x 8 fp32 would need twice the registers).
+CTA_THREADS = {("bf16", False): 128, ("bf16", True): 128, ("fp32", False): 256, ("fp32", True): 256}
+VEC = 8
+
+# Rows resident per SM, per (in_dtype, has_residual), chosen on the H200
+# (bench/results/2026-12-01-NVIDIA-H200/norm2/). fp32: 256 x 8 x 4 CTAs as tuned by bench/tune.py
+# (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log).
+ROWS_PER_SM = {("bf16", False): 5, ("bf16", True): 5, ("fp32", False): 4, ("fp32", True): 4}
+
+
+def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
+    key = (in_dtype, has_residual)
+    return LaunchConfig(threads=CTA_THREADS[key], vec=VEC, min_ctas=ROWS_PER_SM[key])
 
 
 def candidate_configs():
@@ -74,9 +86,10 @@ def row_strides(name: str):
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
 
 
-def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig | None = None):
     """The RMSNorm forward kernel: output in x's dtype."""
-    THREADS, VEC, MIN_CTAS = cfg.threads, cfg.vec, cfg.min_ctas
+    cfg = cfg or default_config(in_dtype_name, has_residual)
+    THREADS, VEC, MIN_CTAS, W_EARLY = cfg.threads, cfg.vec, cfg.min_ctas, cfg.w_early and has_weight
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
@@ -136,6 +149,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             rs = T.alloc_local((PASSES, VEC), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
+            wr = T.alloc_local((PASSES if W_EARLY else 1, VEC), in_dtype)
             yb = T.alloc_local((VEC,), in_dtype)
             red = T.alloc_shared((WARPS,), "float32")
             ss = T.alloc_var("float32")
@@ -148,6 +162,9 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if has_residual:
                         for j in T.vectorized(VEC):
                             rs[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
+                    if W_EARLY:
+                        for j in T.vectorized(VEC):
+                            wr[p, j] = W[p * PASS + tx * VEC + j]
                 else:
                     for j in T.unroll(VEC):
                         xs[p, j] = T.cast(0, in_dtype)
@@ -183,7 +200,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             for p in T.unroll(PASSES):
                 if p * PASS < hidden:
                     if p * PASS + tx * VEC < hidden:
-                        if has_weight:
+                        if W_EARLY:
+                            for j in T.vectorized(VEC):
+                                wb[j] = wr[p, j]
+                        elif has_weight:
                             for j in T.vectorized(VEC):
                                 wb[j] = W[p * PASS + tx * VEC + j]
                         else:
@@ -203,5 +223,5 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     return norm_forward_kernel
 
 
-def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build(v, cfg: LaunchConfig | None = None):
     return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, cfg)

@@ -30,27 +30,23 @@ import dataclasses
 import tilelang.language as T
 
 from kernels_tl.quant.common import TL_DTYPES, pow2_inverse, pow2_scale_exponent, pow2_sf
-from kernels_tl.quant.norm_forward import PASS_CONFIGS, row_strides
+from kernels_tl.quant.norm_forward import CTA_THREADS, PASS_CONFIGS, VEC, row_strides
 from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
 
 __all__ = ["PASS_CONFIGS", "build"]
 
 FMT_MAX = 448.0
-THREADS = 256  # THREADS and VEC fix the order of the sum of squares: norm_forward's
-VEC = 8
-PASS = THREADS * VEC
-PASSES = -(-MAX_HIDDEN // PASS)
-WARPS = THREADS // 32
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
+    threads: int  # with VEC = 8 fixes the order of the sum of squares: norm_forward's CTA_THREADS
     min_ctas: int  # CTAs resident per SM: caps the registers (the persistent launch's CTAs per SM)
 
 
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
-    """4 CTAs of 256 threads per SM (at most 64 registers each); fp32 rows with residual take 80 (3 CTAs)."""
-    return LaunchConfig(CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
+    """norm_forward's threads per CTA; CAST_CTAS_PER_SM CTAs per SM (4 where one CTA per row)."""
+    return LaunchConfig(CTA_THREADS[in_dtype, has_residual], CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
 
 
 def f32_pair(buf, *index):
@@ -64,9 +60,23 @@ def f32_pair(buf, *index):
     return T.reinterpret(T.shift_left(w, T.uint32(16)), "float32"), T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
 
 
+def div_fmt_max(c):
+    """c / 448 correctly rounded (the plain SF): q = c * (1/448) corrected by one FMA. Checked
+    against the division for every fp32 c in [2^-120, 2^128) (bench/results/2026-12-01-NVIDIA-H200/norm2/);
+    outside that range (tiny c, inf) the division itself."""
+    q = c * T.float32(1.0 / FMT_MAX)
+    exact = T.fma(T.fma(-q, T.float32(FMT_MAX), c), T.float32(1.0 / FMT_MAX), q)
+    in_range = T.reinterpret(c, "uint32") - T.uint32(0x03800000) < T.uint32(0x7C000000)
+    return T.if_then_else(in_range, exact, c / T.float32(FMT_MAX))
+
+
 def build(v, cfg: LaunchConfig | None = None):
     """The kernel of a NormForwardCastVariant (cfg: tuning only, bench/tune_norm.py)."""
-    MIN_CTAS = (cfg or default_config(v.in_dtype, v.has_residual)).min_ctas
+    cfg = cfg or default_config(v.in_dtype, v.has_residual)
+    THREADS, MIN_CTAS = cfg.threads, cfg.min_ctas
+    PASS = THREADS * VEC
+    PASSES = -(-MAX_HIDDEN // PASS)
+    WARPS = THREADS // 32
     has_weight, has_residual, quant_npc = v.has_weight, v.has_residual, v.num_per_channels
     in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
@@ -151,6 +161,16 @@ def build(v, cfg: LaunchConfig | None = None):
             T.assume(ob_bs % 8 == 0)
             T.assume(ob_rs % 8 == 0)
             tx = T.get_thread_binding(0)
+            # Flat views of Y and the SF (the bounds are nominal: strided rows may lie beyond them,
+            # and nothing checks them): a row's offsets are computed once per row, in int64, not
+            # in every pass. yrow counts 16-byte units (the host checks Y's strides), so the
+            # 8-byte stores stay whole vectors.
+            yrow = T.alloc_var("int64")
+            srow = T.alloc_var("int64")
+            Y = T.view(Y, shape=(batch * num_tokens * hidden,), strides=(1,))
+            S = T.view(S, shape=(batch * num_tokens * num_groups,), strides=(1,))
+            SP = T.view(SP, shape=(batch * num_tokens * T.ceildiv(num_groups, 4) * 4,), strides=(1,))
+            sf = T.alloc_var("float32")
             # xn and rn receive a row's loads; xs holds it (norm_input) while it is normalised.
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             xn = T.alloc_local((PASSES, VEC), in_dtype)
@@ -224,6 +244,8 @@ def build(v, cfg: LaunchConfig | None = None):
                 total = red[k % 2, 0]
                 for w in T.unroll(WARPS - 1):
                     total = total + red[k % 2, w + 1]
+                yrow = (T.cast(bi, "int64") * o_bs + T.cast(ti, "int64") * o_rs) // 16
+                srow = T.cast(bi, "int64") * sf_bs + T.cast(ti, "int64") * sf_ts
                 rstd = T.rsqrt(total / T.cast(hidden, "float32") + eps)
                 if with_rstd != 0 and tx == 0:
                     RSTD[bi, ti] = rstd
@@ -270,22 +292,24 @@ def build(v, cfg: LaunchConfig | None = None):
                             qb[j] = T.cast(yf[j], "float8_e4m3fn")
                         if p * PASS + tx * VEC < hidden:
                             for j in T.vectorized(VEC):
-                                Y[bi, ti, p * PASS + tx * VEC + j] = qb[j]
+                                Y[yrow * 16 + (p * PASS + tx * VEC + j)] = qb[j]
                             if with_out_bf16 != 0:
                                 for j in T.vectorized(VEC):
                                     YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
                             group = (p * PASS + tx * VEC) // quant_npc
                             if tx % lanes == 0:
                                 if packed != 0:
-                                    SP[bi, ti, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                    SP[srow + (group // 4) * sf_gs + group % 4] = T.cast(e + 127, "uint8")
                                     # The last group zero-fills the rest of its 4-byte word.
                                     if group == num_groups - 1:
                                         for z in T.serial(3 - group % 4):
-                                            SP[bi, ti, group // 4, group % 4 + 1 + z] = T.uint8(0)
-                                elif round_sf != 0:
-                                    S[bi, ti, group] = pow2_sf(e)
+                                            SP[srow + (group // 4) * sf_gs + group % 4 + 1 + z] = T.uint8(0)
                                 else:
-                                    S[bi, ti, group] = c / T.float32(FMT_MAX)
+                                    if round_sf != 0:
+                                        sf = pow2_sf(e)
+                                    else:
+                                        sf = div_fmt_max(c)
+                                    S[srow + group * sf_gs] = sf
                                 if mega_block_m != 0:
                                     MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
 
