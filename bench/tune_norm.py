@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = [(16384, 7168), (4096, 7168), (1, 7168)]
+SHAPES = [(16384, 7168), (4096, 7168)]
 
 
 def _variants():
@@ -42,9 +42,13 @@ def _configs(v):
 
     if v.op == "norm_forward_and_per_token_cast":
         C = norm_forward_and_per_token_cast.LaunchConfig
-        return [C(128, m) for m in (4, 5, 6)] + [C(256, 4)]
+        cands = [C(256, 4), C(128, 6), C(256, 5), C(256, 4, split_sf=True)]
+        if not v.has_residual:  # (with residual: one CTA per row, nothing to prefetch)
+            cands += [C(128, 4, True), C(128, 5, True), C(256, 3, True), C(256, 4, True)]
+            cands += [C(128, 6, split_sf=True), C(128, 4, True, True)]
+        return cands
     C = norm_forward.LaunchConfig
-    return [C(128, 8, m) for m in (4, 5, 6, 8)] + [C(128, 8, 5, w_early=True)]
+    return [C(256, 8, 4, w_ahead=True), C(128, 8, 5, w_ahead=True), C(128, 8, 6, w_ahead=True), C(256, 8, 3, w_ahead=True)]
 
 
 def _nvcc(out: Path, stem: str):

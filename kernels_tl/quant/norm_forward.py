@@ -34,7 +34,7 @@ class LaunchConfig:
     threads: int  # one CTA per row
     vec: int  # contiguous elements per thread per pass (whole 16-byte vectors for bf16)
     min_ctas: int  # rows resident per SM: caps the registers
-    w_early: bool = False  # load the weight with the row (registers) instead of after the sum
+    w_ahead: bool = False  # load each pass's weight one pass ahead (pass 0's before the sum's barrier)
 
 
 # Threads per CTA of both ops' kernels (this one and norm_forward_and_per_token_cast's), per
@@ -89,7 +89,7 @@ def row_strides(name: str):
 def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig | None = None):
     """The RMSNorm forward kernel: output in x's dtype."""
     cfg = cfg or default_config(in_dtype_name, has_residual)
-    THREADS, VEC, MIN_CTAS, W_EARLY = cfg.threads, cfg.vec, cfg.min_ctas, cfg.w_early and has_weight
+    THREADS, VEC, MIN_CTAS, W_AHEAD = cfg.threads, cfg.vec, cfg.min_ctas, cfg.w_ahead and has_weight
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
@@ -149,7 +149,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             rs = T.alloc_local((PASSES, VEC), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
-            wr = T.alloc_local((PASSES if W_EARLY else 1, VEC), in_dtype)
+            wr = T.alloc_local((2, VEC), in_dtype)  # W_AHEAD: pass p's weight in wr[p % 2]
             yb = T.alloc_local((VEC,), in_dtype)
             red = T.alloc_shared((WARPS,), "float32")
             ss = T.alloc_var("float32")
@@ -162,9 +162,6 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                     if has_residual:
                         for j in T.vectorized(VEC):
                             rs[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
-                    if W_EARLY:
-                        for j in T.vectorized(VEC):
-                            wr[p, j] = W[p * PASS + tx * VEC + j]
                 else:
                     for j in T.unroll(VEC):
                         xs[p, j] = T.cast(0, in_dtype)
@@ -181,6 +178,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                 for j in T.unroll(VEC):
                     ss = ss + T.cast(xs[p, j], "float32") * T.cast(xs[p, j], "float32")
 
+            if W_AHEAD:
+                if tx * VEC < hidden:
+                    for j in T.vectorized(VEC):
+                        wr[0, j] = W[tx * VEC + j]
             # Sum of squares over the CTA: a butterfly in each warp (every lane ends with the
             # same bits), then the WARPS partials in a fixed order.
             for s in T.unroll(5):
@@ -199,10 +200,14 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
 
             for p in T.unroll(PASSES):
                 if p * PASS < hidden:
-                    if p * PASS + tx * VEC < hidden:
-                        if W_EARLY:
+                    if W_AHEAD and p + 1 < PASSES:
+                        if (p + 1) * PASS + tx * VEC < hidden:
                             for j in T.vectorized(VEC):
-                                wb[j] = wr[p, j]
+                                wr[(p + 1) % 2, j] = W[(p + 1) * PASS + tx * VEC + j]
+                    if p * PASS + tx * VEC < hidden:
+                        if W_AHEAD:
+                            for j in T.vectorized(VEC):
+                                wb[j] = wr[p % 2, j]
                         elif has_weight:
                             for j in T.vectorized(VEC):
                                 wb[j] = W[p * PASS + tx * VEC + j]

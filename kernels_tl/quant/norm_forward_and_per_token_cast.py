@@ -36,12 +36,15 @@ from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
 __all__ = ["PASS_CONFIGS", "build"]
 
 FMT_MAX = 448.0
+PLAIN, ROUND, PACKED = 0, 1, 2  # SF modes: c / 448 in fp32; 2^e in fp32 (round_sf); UE8M0 bytes (packed)
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     threads: int  # with VEC = 8 fixes the order of the sum of squares: norm_forward's CTA_THREADS
     min_ctas: int  # CTAs resident per SM: caps the registers (the persistent launch's CTAs per SM)
+    prefetch: bool = False  # persistent: load the next row while normalising this one
+    split_sf: bool = False  # one copy of the passes per SF mode (no runtime SF branches in them)
 
 
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
@@ -73,7 +76,7 @@ def div_fmt_max(c):
 def build(v, cfg: LaunchConfig | None = None):
     """The kernel of a NormForwardCastVariant (cfg: tuning only, bench/tune_norm.py)."""
     cfg = cfg or default_config(v.in_dtype, v.has_residual)
-    THREADS, MIN_CTAS = cfg.threads, cfg.min_ctas
+    THREADS, MIN_CTAS, PREFETCH, SPLIT_SF = cfg.threads, cfg.min_ctas, cfg.prefetch, cfg.split_sf
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
@@ -108,6 +111,21 @@ def build(v, cfg: LaunchConfig | None = None):
     # come in chunks of mega_block_m, each padded to mega_aligned_block_m rows; in every 128
     # rows token i sits at row (i % 32) * 4 + i // 32.
     mm_rows = T.dynamic("mm_rows")
+
+    @T.macro
+    def load_row(xn, rn, X, R, bi, ti, tx):
+        """xn (and rn) = row (bi, ti) of X (and R); masked thread-vectors 0."""
+        for p in T.unroll(PASSES):
+            if p * PASS + tx * VEC < hidden:
+                for j in T.vectorized(VEC):
+                    xn[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
+                if has_residual:
+                    for j in T.vectorized(VEC):
+                        rn[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
+            else:
+                for j in T.unroll(VEC):
+                    xn[p, j] = T.cast(0, in_dtype)
+                    rn[p, j] = T.cast(0, in_dtype)
 
     @T.macro
     def take_row(xs, xn, rn, sb, RO, bi, ti, tx):
@@ -204,8 +222,12 @@ def build(v, cfg: LaunchConfig | None = None):
             rstd = T.alloc_var("float32")
             amax = T.alloc_var("float32")
             inv = T.alloc_var("float32")
+            nbi = T.alloc_var("int32")
+            nti = T.alloc_var("int32")
             bi = 0
             ti = 0
+            nbi = 0
+            nti = 0
             for p in T.unroll(PASSES):  # (keeps TileLang's read-before-write check quiet)
                 for j in T.unroll(VEC):
                     xn[p, j] = T.cast(0, in_dtype)
@@ -216,18 +238,20 @@ def build(v, cfg: LaunchConfig | None = None):
                 else:
                     bi = (b + k * num_ctas) // num_tokens
                     ti = (b + k * num_ctas) % num_tokens
-                for p in T.unroll(PASSES):
-                    if p * PASS + tx * VEC < hidden:
-                        for j in T.vectorized(VEC):
-                            xn[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
-                        if has_residual:
-                            for j in T.vectorized(VEC):
-                                rn[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
-                    else:
-                        for j in T.unroll(VEC):
-                            xn[p, j] = T.cast(0, in_dtype)
-                            rn[p, j] = T.cast(0, in_dtype)
+                if PREFETCH:
+                    if k == 0:
+                        load_row(xn, rn, X, R, bi, ti, tx)
+                else:
+                    load_row(xn, rn, X, R, bi, ti, tx)
                 take_row(xs, xn, rn, sb, RO, bi, ti, tx)
+                if PREFETCH:  # the next row's loads fly while this one is normalised
+                    if k + 1 < nb:
+                        if batch == 1:
+                            nti = b + (k + 1) * num_ctas
+                        else:
+                            nbi = (b + (k + 1) * num_ctas) // num_tokens
+                            nti = (b + (k + 1) * num_ctas) % num_tokens
+                        load_row(xn, rn, X, R, nbi, nti, tx)
                 ss = T.float32(0)
                 for p in T.unroll(PASSES):
                     for i in T.unroll(VEC // 2):
@@ -258,59 +282,63 @@ def build(v, cfg: LaunchConfig | None = None):
                         + (mi % 128) // 32
                     )
 
-                for p in T.unroll(PASSES):
-                    if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
-                        if has_weight:
-                            for c in T.unroll(VEC // 4):
-                                for j in T.vectorized(4):
-                                    wv[c * 4 + j] = wsh[p, c, tx, j]
-                        else:
-                            for j in T.unroll(VEC):
-                                wv[j] = out_scale
-                        for i in T.unroll(VEC // 2):
-                            lo, hi = f32_pair(xs, p, 2 * i)
-                            yf[2 * i] = (lo * rstd) * wv[2 * i]
-                            yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
-                        for j in T.vectorized(VEC):  # two values per conversion instruction
-                            yb[j] = T.cast(yf[j], in_dtype)
-                        for i in T.unroll(VEC // 2):
-                            yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(yr[j]))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, FMT_MAX)
-                        if round_sf != 0:
-                            inv = pow2_inverse(e)
-                        else:
-                            inv = T.float32(FMT_MAX) / c
-                        for j in T.unroll(VEC):
-                            yf[j] = yr[j] * inv
-                        for j in T.vectorized(VEC):  # saturating: clamps to +-448
-                            qb[j] = T.cast(yf[j], "float8_e4m3fn")
-                        if p * PASS + tx * VEC < hidden:
-                            for j in T.vectorized(VEC):
-                                Y[yrow * 16 + (p * PASS + tx * VEC + j)] = qb[j]
-                            if with_out_bf16 != 0:
-                                for j in T.vectorized(VEC):
-                                    YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
-                            group = (p * PASS + tx * VEC) // quant_npc
-                            if tx % lanes == 0:
-                                if packed != 0:
-                                    SP[srow + (group // 4) * sf_gs + group % 4] = T.cast(e + 127, "uint8")
-                                    # The last group zero-fills the rest of its 4-byte word.
-                                    if group == num_groups - 1:
-                                        for z in T.serial(3 - group % 4):
-                                            SP[srow + (group // 4) * sf_gs + group % 4 + 1 + z] = T.uint8(0)
+                # SPLIT_SF: one copy of the passes per SF mode, so no pass branches on it (packed
+                # needs round_sf); else one copy branching on the runtime flags.
+                for mode in (PLAIN, ROUND, PACKED) if SPLIT_SF else (None,):
+                    rounded = (round_sf != 0) if mode is None else (mode != PLAIN)
+                    is_packed = (packed != 0) if mode is None else (mode == PACKED)
+                    if (round_sf + packed == mode) if mode is not None else True:
+                        for p in T.unroll(PASSES):
+                            if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
+                                if has_weight:
+                                    for c in T.unroll(VEC // 4):
+                                        for j in T.vectorized(4):
+                                            wv[c * 4 + j] = wsh[p, c, tx, j]
                                 else:
-                                    if round_sf != 0:
-                                        sf = pow2_sf(e)
-                                    else:
-                                        sf = div_fmt_max(c)
-                                    S[srow + group * sf_gs] = sf
-                                if mega_block_m != 0:
-                                    MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                    for j in T.unroll(VEC):
+                                        wv[j] = out_scale
+                                for i in T.unroll(VEC // 2):
+                                    lo, hi = f32_pair(xs, p, 2 * i)
+                                    yf[2 * i] = (lo * rstd) * wv[2 * i]
+                                    yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
+                                for j in T.vectorized(VEC):  # two values per conversion instruction
+                                    yb[j] = T.cast(yf[j], in_dtype)
+                                for i in T.unroll(VEC // 2):
+                                    yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
+                                amax = T.float32(0)
+                                for j in T.unroll(VEC):
+                                    amax = T.max(amax, T.abs(yr[j]))
+                                for s in T.unroll(lanes.bit_length() - 1):
+                                    amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                                c = T.max(amax, amax_clamp)
+                                e = pow2_scale_exponent(c, FMT_MAX)
+                                if rounded:
+                                    inv = pow2_inverse(e)
+                                else:
+                                    inv = T.float32(FMT_MAX) / c
+                                for j in T.unroll(VEC):
+                                    yf[j] = yr[j] * inv
+                                for j in T.vectorized(VEC):  # saturating: clamps to +-448
+                                    qb[j] = T.cast(yf[j], "float8_e4m3fn")
+                                if p * PASS + tx * VEC < hidden:
+                                    for j in T.vectorized(VEC):
+                                        Y[yrow * 16 + (p * PASS + tx * VEC + j)] = qb[j]
+                                    if with_out_bf16 != 0:
+                                        for j in T.vectorized(VEC):
+                                            YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
+                                    group = (p * PASS + tx * VEC) // quant_npc
+                                    if tx % lanes == 0:
+                                        if is_packed:
+                                            SP[srow + (group // 4) * sf_gs + group % 4] = T.cast(e + 127, "uint8")
+                                            # The last group zero-fills the rest of its 4-byte word.
+                                            if group == num_groups - 1:
+                                                for z in T.serial(3 - group % 4):
+                                                    SP[srow + (group // 4) * sf_gs + group % 4 + 1 + z] = T.uint8(0)
+                                        elif rounded:
+                                            S[srow + group * sf_gs] = pow2_sf(e)
+                                        else:
+                                            S[srow + group * sf_gs] = div_fmt_max(c)
+                                        if mode != PLAIN and mega_block_m != 0:  # (the host: mega needs round_sf)
+                                            MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
 
     return norm_forward_kernel

@@ -14,3 +14,8 @@ timeout 150 python3 -m pytest tests/quant/test_norm_forward.py tests/quant/test_
 tail -15 "$OUT/gpu_tests.log"
 timeout 60 python3 bench/anchors.py --cases '^norm_forward' --name anchors1 > "$OUT/anchors1.log" 2>&1; echo "anchors rc $?" >> "$OUT/anchors1.log"
 tail -12 "$OUT/anchors1.log"
+# main's wheels (3e2d91c, the same two ops): the "before" figures of the other configurations.
+rm -rf /tmp/site_main
+python3 -m pip install -q --no-index --no-deps --target /tmp/site_main main/*.whl || exit 1
+PYTHONPATH=/tmp/site_main:$PWD timeout 100 python3 bench/norm_configs.py main > "$OUT/configs_main.log" 2>&1; echo "configs rc $?" >> "$OUT/configs_main.log"
+cat "$OUT/configs_main.log"
