@@ -55,7 +55,9 @@ CASES = {
     ),
     "cast bf16 w residual ue8m0 packed": (
         lambda: (rows(torch.bfloat16), w(torch.bfloat16), rows(torch.bfloat16)),
-        lambda x, w, r: q.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, r, round_sf=True, use_packed_ue8m0=True),
+        lambda x, w, r: q.norm_forward_and_per_token_cast(
+            x, w, 1e-6, "e4m3", 32, r, round_sf=True, use_packed_ue8m0=True
+        ),
     ),
     "cast bf16 w residual fp32 sf": (
         lambda: (rows(torch.bfloat16), w(torch.bfloat16), rows(torch.bfloat16)),
@@ -91,7 +93,9 @@ CASES = {
     ),
     "cast fp32 w residual ue8m0 packed": (
         lambda: (rows(torch.float32), w(torch.float32), rows(torch.float32)),
-        lambda x, w, r: q.norm_forward_and_per_token_cast(x, w, 1e-6, "e4m3", 32, r, round_sf=True, use_packed_ue8m0=True),
+        lambda x, w, r: q.norm_forward_and_per_token_cast(
+            x, w, 1e-6, "e4m3", 32, r, round_sf=True, use_packed_ue8m0=True
+        ),
     ),
 }
 

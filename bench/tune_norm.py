@@ -48,7 +48,12 @@ def _configs(v):
             cands += [C(128, 6, split_sf=True), C(128, 4, True, True)]
         return cands
     C = norm_forward.LaunchConfig
-    return [C(256, 8, 4, w_ahead=True), C(128, 8, 5, w_ahead=True), C(128, 8, 6, w_ahead=True), C(256, 8, 3, w_ahead=True)]
+    return [
+        C(256, 8, 4, w_ahead=True),
+        C(128, 8, 5, w_ahead=True),
+        C(128, 8, 6, w_ahead=True),
+        C(256, 8, 3, w_ahead=True),
+    ]
 
 
 def _nvcc(out: Path, stem: str):
@@ -108,8 +113,9 @@ def _case(key, t, h, sf_mode="ue8m0"):
         return dict(
             X=x.data_ptr(), W=w.data_ptr(), R=r.data_ptr(), RO=ro.data_ptr(), Y=y.data_ptr(), RSTD=rstd.data_ptr(),
             YB=x.data_ptr(), S=sf.data_ptr(), SP=sf.data_ptr(), MM=sf.data_ptr(), batch=1, num_tokens=t, hidden=h,
-            eps=1e-6, out_scale=1.0, with_rstd=int(not quant), amax_clamp=1e-4, round_sf=int(packed), packed=int(packed),
-            with_out_bf16=0, mega_block_m=0, mega_aligned_block_m=0, mm_rows=0, x_stride=h, x_batch_stride=t * h,
+            eps=1e-6, out_scale=1.0, with_rstd=int(not quant), amax_clamp=1e-4,
+            round_sf=int(packed), packed=int(packed), with_out_bf16=0, mega_block_m=0, mega_aligned_block_m=0,
+            mm_rows=0, x_stride=h, x_batch_stride=t * h,
             residual_stride=h, residual_batch_stride=t * h, residual_out_stride=h, residual_out_batch_stride=t * h,
             out_stride=h, out_batch_stride=t * h, out_bf16_stride=h, out_bf16_batch_stride=t * h,
             sf_batch_stride=0, sf_stride_t=(h // 128) * 4 if packed else h // 32, sf_stride_g=4 if packed else 1,

@@ -2,8 +2,9 @@
 
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
 norm_forward_and_per_token_cast has its own kernel (kernels_tl/quant/norm_forward_and_per_token_cast.py)
-with this thread mapping (256 x 8), so both compute the normalised value with the same fp32
-operations, in the same order.
+with this thread mapping (CTA_THREADS x 8 per variant: 128 x 8 for bf16 without residual,
+256 x 8 otherwise), so both compute the normalised value with the same fp32 operations, in
+the same order.
 
 Arithmetic, per row, all in fp32:
     v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
@@ -15,10 +16,16 @@ elements per pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays 
 dtype), so x is read once; every load of the row (x and residual, all passes) is issued
 before the first use, and MIN_CTAS CTAs (rows) share an SM, so an SM has
 MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (112 KB for bf16 with
-residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). A pass starting beyond
+residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). With w_ahead, each pass
+loads the next pass's weight before its own arithmetic (pass 0's before the sum's barrier), so
+no pass waits on its weight load. A pass starting beyond
 `hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
 VEC elements are all valid or all masked (the host checks hidden % 16 == 0, and VEC divides 16).
 Masked elements are 0, so they add nothing to the sum of squares.
+
+Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/), bf16 with weight at
+16384 x 7168: 117.5 us without residual (128 x 8, 5 CTAs per SM, w_ahead; 256 x 8 before:
+117.4-118.8 us), 231.2 us with residual (256 x 8 x 4, unchanged).
 """
 
 import dataclasses
@@ -39,21 +46,23 @@ class LaunchConfig:
 
 # Threads per CTA of both ops' kernels (this one and norm_forward_and_per_token_cast's), per
 # (in_dtype, has_residual), each thread VEC = 8 contiguous elements a pass: the mapping fixes the
-# order of the sum of squares, so the two ops must take the same one. bf16: 128 x 8, so hidden
-# 7168 is 7 whole passes (with 256 x 8 the 4th of 4 passes ran with half the warps masked);
-# fp32 keeps 256 x 8 (a row of 8 passes x 8 fp32 would need twice the registers).
-CTA_THREADS = {("bf16", False): 128, ("bf16", True): 128, ("fp32", False): 256, ("fp32", True): 256}
+# order of the sum of squares, so the two ops take the same one. bf16 without residual: 128 x 8,
+# so hidden 7168 is 7 whole passes, and the cast's persistent CTAs have the registers to load
+# the next row while normalising one (bench/results/2026-12-01-NVIDIA-H200/norm2/); with
+# residual and fp32: 256 x 8 (128 x 8 measured no faster for norm_forward with residual).
+CTA_THREADS = {("bf16", False): 128, ("bf16", True): 256, ("fp32", False): 256, ("fp32", True): 256}
 VEC = 8
 
-# Rows resident per SM, per (in_dtype, has_residual), chosen on the H200
-# (bench/results/2026-12-01-NVIDIA-H200/norm2/). fp32: 256 x 8 x 4 CTAs as tuned by bench/tune.py
-# (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log).
-ROWS_PER_SM = {("bf16", False): 5, ("bf16", True): 5, ("fp32", False): 4, ("fp32", True): 4}
+# norm_forward's rows resident per SM and weight loads one pass ahead, per (in_dtype,
+# has_residual), chosen on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/). The 256 x 8
+# x 4 configs are bench/tune.py's (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log).
+ROWS_PER_SM = {("bf16", False): 5, ("bf16", True): 4, ("fp32", False): 4, ("fp32", True): 4}
+W_AHEAD = {("bf16", False): True, ("bf16", True): False, ("fp32", False): False, ("fp32", True): False}
 
 
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
     key = (in_dtype, has_residual)
-    return LaunchConfig(threads=CTA_THREADS[key], vec=VEC, min_ctas=ROWS_PER_SM[key])
+    return LaunchConfig(threads=CTA_THREADS[key], vec=VEC, min_ctas=ROWS_PER_SM[key], w_ahead=W_AHEAD[key])
 
 
 def candidate_configs():

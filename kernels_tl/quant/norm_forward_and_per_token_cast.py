@@ -4,10 +4,12 @@ Arithmetic, per row, in fp32, exactly as norm_forward's kernel (kernels_tl/quant
     v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
     rstd = rsqrt(sum(v * v) / H + eps)
     y = round_to_x_dtype((v * rstd) * (w * out_scale))
-with the same thread mapping (256 threads x 8 contiguous elements a pass), so the sum of squares
-adds the same values in the same order and y has norm_forward's bits. Then, as per_token_cast
+with the same thread mapping (norm_forward's CTA_THREADS x 8 contiguous elements a pass: 128 x 8
+for bf16 without residual, 256 x 8 otherwise), so the sum of squares adds the same values in
+the same order and y has norm_forward's bits. Then, as per_token_cast
 (numerics.md), per group of npc values of y: c = max(amax, clamp); plain SF = c / 448,
-inv = 448 / c; round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
+inv = 448 / c (c / 448 by div_fmt_max: one product and an FMA correction, checked exact over
+the range where it is used); round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
 q = e4m3(clamp(y * inv, +-448)) (the conversion saturates, which is that clamp; NaN stays NaN).
 
 Launch (the host's CAST_CTAS_PER_SM, src/tilebake/quant/norm_forward.py): `num_ctas` CTAs, CTA c
@@ -18,11 +20,15 @@ dtype, so x is read once; bf16 pairs become fp32 from their 32-bit word (one shi
 each) and fp32 pairs become bf16 and e4m3 two at a time. A pass starting beyond `hidden` is
 skipped (the same for every thread of the CTA); inside a pass each thread's 8 elements are all
 valid or all masked (the host checks hidden % 16 == 0). Masked elements are 0, so they add
-nothing to the sum of squares or to a group's amax.
+nothing to the sum of squares or to a group's amax. Y and the SF are stored through flat views
+from per-row bases. bf16 without residual (PREFETCH_SPLIT): the persistent loop loads the next
+row while normalising the current one, and the passes exist once per SF mode (plain, round_sf,
+packed), chosen per row, so no pass branches on the mode.
 
-Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm/): bf16 with weight at
-16384 x 7168, e4m3 1 x 32 packed UE8M0: 129.7 us persistent without residual (the previous
-one-CTA-per-row kernel: 163.6 us), 201.2 us one CTA per row with residual (208.6 us).
+Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/): bf16 with weight at
+16384 x 7168, e4m3 1 x 32 without residual: 117.8-118.1 us with the plain fp32 SF (main's
+256 x 8 kernel: 133.8 us), 113.1 us packed UE8M0 (129.7 us); with residual, one CTA per row:
+202.2 us plain SF, 199.8 us packed UE8M0 (202.8 / 198.5 us).
 """
 
 import dataclasses
@@ -47,9 +53,17 @@ class LaunchConfig:
     split_sf: bool = False  # one copy of the passes per SF mode (no runtime SF branches in them)
 
 
+# Persistent bf16 rows without residual: the next row's loads fly while one is normalised, and
+# each SF mode has its own copy of the passes (H200: 117.7 us against 130.6 without either, at
+# 16384 x 7168 with the plain SF; bench/results/2026-12-01-NVIDIA-H200/norm2/). The other
+# variants have not the registers for the prefetch (fp32) or run one CTA per row (residual).
+PREFETCH_SPLIT = {("bf16", False): True, ("bf16", True): False, ("fp32", False): False, ("fp32", True): False}
+
+
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
     """norm_forward's threads per CTA; CAST_CTAS_PER_SM CTAs per SM (4 where one CTA per row)."""
-    return LaunchConfig(CTA_THREADS[in_dtype, has_residual], CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
+    key = (in_dtype, has_residual)
+    return LaunchConfig(CTA_THREADS[key], CAST_CTAS_PER_SM[key] or 4, PREFETCH_SPLIT[key], PREFETCH_SPLIT[key])
 
 
 def f32_pair(buf, *index):
@@ -188,7 +202,6 @@ def build(v, cfg: LaunchConfig | None = None):
             Y = T.view(Y, shape=(batch * num_tokens * hidden,), strides=(1,))
             S = T.view(S, shape=(batch * num_tokens * num_groups,), strides=(1,))
             SP = T.view(SP, shape=(batch * num_tokens * T.ceildiv(num_groups, 4) * 4,), strides=(1,))
-            sf = T.alloc_var("float32")
             # xn and rn receive a row's loads; xs holds it (norm_input) while it is normalised.
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             xn = T.alloc_local((PASSES, VEC), in_dtype)
