@@ -1,6 +1,6 @@
 """tilebake against TileKernels 2.1.0 on the same GPU: every case the original was timed in (GPU only).
 
-    python bench/anchors.py [--name anchors]
+    python bench/anchors.py [--name anchors] [--cases REGEX]
 
 The original's figures (its own harness, H200, 2026-12-01: ../shared/anchors/) are the
 constants in ORIGINAL below; this run times tilebake at the same inputs (T = 16384, H = 7168
@@ -12,6 +12,7 @@ the original's is marked SLOWER and makes the run exit 1. Writes bench/results/<
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +106,7 @@ CASES = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="anchors", help="result file stem (default: anchors)")
+    parser.add_argument("--cases", default="", help="time only the cases whose name matches this regex")
     args = parser.parse_args()
     env = harness.environment()
     copy_gbs = harness.copy_bandwidth_gbs()
@@ -113,6 +115,8 @@ def main():
     mul_us = harness.host_us_per_call(lambda: torch.mul(x1, 2, out=y1), ())
     rows = []
     for name, (make, fn) in CASES.items():
+        if args.cases and not re.search(args.cases, name):
+            continue
         one = make(T)
         nbytes = sum(t.numel() * t.element_size() for t in torch.utils._pytree.tree_leaves(one))
         inputs = [one] + [make(T) for _ in range(harness.rotation_count(nbytes) - 1)]

@@ -2,8 +2,9 @@
 
 Build time only: `build(variant)` returns the PrimFunc that build_tools/aot.py lowers.
 norm_forward_and_per_token_cast has its own kernel (kernels_tl/quant/norm_forward_and_per_token_cast.py)
-with this thread mapping (256 x 8), so both compute the normalised value with the same fp32
-operations, in the same order.
+with this thread mapping (CTA_THREADS x 8 per variant: 128 x 8 for bf16 without residual,
+256 x 8 otherwise), so both compute the normalised value with the same fp32 operations, in
+the same order.
 
 Arithmetic, per row, all in fp32:
     v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
@@ -15,10 +16,16 @@ elements per pass; PASSES passes cover MAX_HIDDEN elements. The whole row stays 
 dtype), so x is read once; every load of the row (x and residual, all passes) is issued
 before the first use, and MIN_CTAS CTAs (rows) share an SM, so an SM has
 MIN_CTAS x hidden x (1 or 2) x sizeof(x) bytes of loads in flight (112 KB for bf16 with
-residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). A pass starting beyond
+residual at hidden 7168, with 256 threads x 8 elements and 4 CTAs). With w_ahead, each pass
+loads the next pass's weight before its own arithmetic (pass 0's before the sum's barrier), so
+no pass waits on its weight load. A pass starting beyond
 `hidden` is skipped (the same for every thread of the CTA); inside a pass each thread's
 VEC elements are all valid or all masked (the host checks hidden % 16 == 0, and VEC divides 16).
 Masked elements are 0, so they add nothing to the sum of squares.
+
+Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/), bf16 with weight at
+16384 x 7168: 117.5 us without residual (128 x 8, 5 CTAs per SM, w_ahead; 256 x 8 before:
+117.4-118.8 us), 231.2 us with residual (256 x 8 x 4, unchanged).
 """
 
 import dataclasses
@@ -34,14 +41,28 @@ class LaunchConfig:
     threads: int  # one CTA per row
     vec: int  # contiguous elements per thread per pass (whole 16-byte vectors for bf16)
     min_ctas: int  # rows resident per SM: caps the registers
+    w_ahead: bool = False  # load each pass's weight one pass ahead (pass 0's before the sum's barrier)
 
 
-# Chosen by bench/tune.py on the H200 (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log):
-# bf16 with weight and residual at 16384 x 7168 reached 95.2% of copy bandwidth (64 registers, no
-# spills), against 86.6% for 128 threads x 16 elements x 5 CTAs (95 registers).
-# kernels_tl/quant/norm_forward_and_per_token_cast.py has the same 256 x 8 mapping (so the same
-# sum-of-squares order): change the two together.
-DEFAULT_CONFIG = LaunchConfig(threads=256, vec=8, min_ctas=4)
+# Threads per CTA of both ops' kernels (this one and norm_forward_and_per_token_cast's), per
+# (in_dtype, has_residual), each thread VEC = 8 contiguous elements a pass: the mapping fixes the
+# order of the sum of squares, so the two ops take the same one. bf16 without residual: 128 x 8,
+# so hidden 7168 is 7 whole passes, and the cast's persistent CTAs have the registers to load
+# the next row while normalising one (bench/results/2026-12-01-NVIDIA-H200/norm2/); with
+# residual and fp32: 256 x 8 (128 x 8 measured no faster for norm_forward with residual).
+CTA_THREADS = {("bf16", False): 128, ("bf16", True): 256, ("fp32", False): 256, ("fp32", True): 256}
+VEC = 8
+
+# norm_forward's rows resident per SM and weight loads one pass ahead, per (in_dtype,
+# has_residual), chosen on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/). The 256 x 8
+# x 4 configs are bench/tune.py's (bench/results/2026-11-30-NVIDIA-H200/perf/tune_norm_forward.log).
+ROWS_PER_SM = {("bf16", False): 5, ("bf16", True): 4, ("fp32", False): 4, ("fp32", True): 4}
+W_AHEAD = {("bf16", False): True, ("bf16", True): False, ("fp32", False): False, ("fp32", True): False}
+
+
+def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
+    key = (in_dtype, has_residual)
+    return LaunchConfig(threads=CTA_THREADS[key], vec=VEC, min_ctas=ROWS_PER_SM[key], w_ahead=W_AHEAD[key])
 
 
 def candidate_configs():
@@ -74,9 +95,10 @@ def row_strides(name: str):
     return T.dynamic(f"{name}_batch_stride"), T.dynamic(f"{name}_stride")
 
 
-def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool, cfg: LaunchConfig | None = None):
     """The RMSNorm forward kernel: output in x's dtype."""
-    THREADS, VEC, MIN_CTAS = cfg.threads, cfg.vec, cfg.min_ctas
+    cfg = cfg or default_config(in_dtype_name, has_residual)
+    THREADS, VEC, MIN_CTAS, W_AHEAD = cfg.threads, cfg.vec, cfg.min_ctas, cfg.w_ahead and has_weight
     PASS = THREADS * VEC
     PASSES = -(-MAX_HIDDEN // PASS)
     WARPS = THREADS // 32
@@ -136,6 +158,7 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             rs = T.alloc_local((PASSES, VEC), in_dtype)
             wb = T.alloc_local((VEC,), in_dtype)
+            wr = T.alloc_local((2, VEC), in_dtype)  # W_AHEAD: pass p's weight in wr[p % 2]
             yb = T.alloc_local((VEC,), in_dtype)
             red = T.alloc_shared((WARPS,), "float32")
             ss = T.alloc_var("float32")
@@ -164,6 +187,10 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
                 for j in T.unroll(VEC):
                     ss = ss + T.cast(xs[p, j], "float32") * T.cast(xs[p, j], "float32")
 
+            if W_AHEAD:
+                if tx * VEC < hidden:
+                    for j in T.vectorized(VEC):
+                        wr[0, j] = W[tx * VEC + j]
             # Sum of squares over the CTA: a butterfly in each warp (every lane ends with the
             # same bits), then the WARPS partials in a fixed order.
             for s in T.unroll(5):
@@ -182,8 +209,15 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
 
             for p in T.unroll(PASSES):
                 if p * PASS < hidden:
+                    if W_AHEAD and p + 1 < PASSES:
+                        if (p + 1) * PASS + tx * VEC < hidden:
+                            for j in T.vectorized(VEC):
+                                wr[(p + 1) % 2, j] = W[(p + 1) * PASS + tx * VEC + j]
                     if p * PASS + tx * VEC < hidden:
-                        if has_weight:
+                        if W_AHEAD:
+                            for j in T.vectorized(VEC):
+                                wb[j] = wr[p % 2, j]
+                        elif has_weight:
                             for j in T.vectorized(VEC):
                                 wb[j] = W[p * PASS + tx * VEC + j]
                         else:
@@ -203,5 +237,5 @@ def build_norm_forward(in_dtype_name: str, has_weight: bool, has_residual: bool,
     return norm_forward_kernel
 
 
-def build(v, cfg: LaunchConfig = DEFAULT_CONFIG):
+def build(v, cfg: LaunchConfig | None = None):
     return build_norm_forward(v.in_dtype, v.has_weight, v.has_residual, cfg)

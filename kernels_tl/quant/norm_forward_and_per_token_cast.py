@@ -4,10 +4,12 @@ Arithmetic, per row, in fp32, exactly as norm_forward's kernel (kernels_tl/quant
     v = x (+ residual, rounded to x.dtype: that is norm_input / residual_out)
     rstd = rsqrt(sum(v * v) / H + eps)
     y = round_to_x_dtype((v * rstd) * (w * out_scale))
-with the same thread mapping (256 threads x 8 contiguous elements a pass), so the sum of squares
-adds the same values in the same order and y has norm_forward's bits. Then, as per_token_cast
+with the same thread mapping (norm_forward's CTA_THREADS x 8 contiguous elements a pass: 128 x 8
+for bf16 without residual, 256 x 8 otherwise), so the sum of squares adds the same values in
+the same order and y has norm_forward's bits. Then, as per_token_cast
 (numerics.md), per group of npc values of y: c = max(amax, clamp); plain SF = c / 448,
-inv = 448 / c; round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
+inv = 448 / c (c / 448 by div_fmt_max: one product and an FMA correction, checked exact over
+the range where it is used); round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
 q = e4m3(clamp(y * inv, +-448)) (the conversion saturates, which is that clamp; NaN stays NaN).
 
 Launch (the host's CAST_CTAS_PER_SM, src/tilebake/quant/norm_forward.py): `num_ctas` CTAs, CTA c
@@ -18,11 +20,15 @@ dtype, so x is read once; bf16 pairs become fp32 from their 32-bit word (one shi
 each) and fp32 pairs become bf16 and e4m3 two at a time. A pass starting beyond `hidden` is
 skipped (the same for every thread of the CTA); inside a pass each thread's 8 elements are all
 valid or all masked (the host checks hidden % 16 == 0). Masked elements are 0, so they add
-nothing to the sum of squares or to a group's amax.
+nothing to the sum of squares or to a group's amax. Y and the SF are stored through flat views
+from per-row bases. bf16 without residual (PREFETCH_SPLIT): the persistent loop loads the next
+row while normalising the current one, and the passes exist once per SF mode (plain, round_sf,
+packed), chosen per row, so no pass branches on the mode.
 
-Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm/): bf16 with weight at
-16384 x 7168, e4m3 1 x 32 packed UE8M0: 129.7 us persistent without residual (the previous
-one-CTA-per-row kernel: 163.6 us), 201.2 us one CTA per row with residual (208.6 us).
+Measured on the H200 (bench/results/2026-12-01-NVIDIA-H200/norm2/): bf16 with weight at
+16384 x 7168, e4m3 1 x 32 without residual: 117.8-118.1 us with the plain fp32 SF (main's
+256 x 8 kernel: 133.8 us), 113.1 us packed UE8M0 (129.7 us); with residual, one CTA per row:
+202.2 us plain SF, 199.8 us packed UE8M0 (202.8 / 198.5 us).
 """
 
 import dataclasses
@@ -30,27 +36,34 @@ import dataclasses
 import tilelang.language as T
 
 from kernels_tl.quant.common import TL_DTYPES, pow2_inverse, pow2_scale_exponent, pow2_sf
-from kernels_tl.quant.norm_forward import PASS_CONFIGS, row_strides
+from kernels_tl.quant.norm_forward import CTA_THREADS, PASS_CONFIGS, VEC, row_strides
 from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
 
 __all__ = ["PASS_CONFIGS", "build"]
 
 FMT_MAX = 448.0
-THREADS = 256  # THREADS and VEC fix the order of the sum of squares: norm_forward's
-VEC = 8
-PASS = THREADS * VEC
-PASSES = -(-MAX_HIDDEN // PASS)
-WARPS = THREADS // 32
+PLAIN, ROUND, PACKED = 0, 1, 2  # SF modes: c / 448 in fp32; 2^e in fp32 (round_sf); UE8M0 bytes (packed)
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
+    threads: int  # with VEC = 8 fixes the order of the sum of squares: norm_forward's CTA_THREADS
     min_ctas: int  # CTAs resident per SM: caps the registers (the persistent launch's CTAs per SM)
+    prefetch: bool = False  # persistent: load the next row while normalising this one
+    split_sf: bool = False  # one copy of the passes per SF mode (no runtime SF branches in them)
+
+
+# Persistent bf16 rows without residual: the next row's loads fly while one is normalised, and
+# each SF mode has its own copy of the passes (H200: 117.7 us against 130.6 without either, at
+# 16384 x 7168 with the plain SF; bench/results/2026-12-01-NVIDIA-H200/norm2/). The other
+# variants have not the registers for the prefetch (fp32) or run one CTA per row (residual).
+PREFETCH_SPLIT = {("bf16", False): True, ("bf16", True): False, ("fp32", False): False, ("fp32", True): False}
 
 
 def default_config(in_dtype: str, has_residual: bool) -> LaunchConfig:
-    """4 CTAs of 256 threads per SM (at most 64 registers each); fp32 rows with residual take 80 (3 CTAs)."""
-    return LaunchConfig(CAST_CTAS_PER_SM[in_dtype, has_residual] or 4)
+    """norm_forward's threads per CTA; CAST_CTAS_PER_SM CTAs per SM (4 where one CTA per row)."""
+    key = (in_dtype, has_residual)
+    return LaunchConfig(CTA_THREADS[key], CAST_CTAS_PER_SM[key] or 4, PREFETCH_SPLIT[key], PREFETCH_SPLIT[key])
 
 
 def f32_pair(buf, *index):
@@ -64,9 +77,23 @@ def f32_pair(buf, *index):
     return T.reinterpret(T.shift_left(w, T.uint32(16)), "float32"), T.reinterpret(w & T.uint32(0xFFFF0000), "float32")
 
 
+def div_fmt_max(c):
+    """c / 448 correctly rounded (the plain SF): q = c * (1/448) corrected by one FMA. Checked
+    against the division for every fp32 c in [2^-120, 2^128) (bench/results/2026-12-01-NVIDIA-H200/norm2/);
+    outside that range (tiny c, inf) the division itself."""
+    q = c * T.float32(1.0 / FMT_MAX)
+    exact = T.fma(T.fma(-q, T.float32(FMT_MAX), c), T.float32(1.0 / FMT_MAX), q)
+    in_range = T.reinterpret(c, "uint32") - T.uint32(0x03800000) < T.uint32(0x7C000000)
+    return T.if_then_else(in_range, exact, c / T.float32(FMT_MAX))
+
+
 def build(v, cfg: LaunchConfig | None = None):
     """The kernel of a NormForwardCastVariant (cfg: tuning only, bench/tune_norm.py)."""
-    MIN_CTAS = (cfg or default_config(v.in_dtype, v.has_residual)).min_ctas
+    cfg = cfg or default_config(v.in_dtype, v.has_residual)
+    THREADS, MIN_CTAS, PREFETCH, SPLIT_SF = cfg.threads, cfg.min_ctas, cfg.prefetch, cfg.split_sf
+    PASS = THREADS * VEC
+    PASSES = -(-MAX_HIDDEN // PASS)
+    WARPS = THREADS // 32
     has_weight, has_residual, quant_npc = v.has_weight, v.has_residual, v.num_per_channels
     in_dtype = TL_DTYPES[v.in_dtype]
     align = 16 // (2 if v.in_dtype == "bf16" else 4)  # elements in 16 bytes: what the host guarantees
@@ -98,6 +125,21 @@ def build(v, cfg: LaunchConfig | None = None):
     # come in chunks of mega_block_m, each padded to mega_aligned_block_m rows; in every 128
     # rows token i sits at row (i % 32) * 4 + i // 32.
     mm_rows = T.dynamic("mm_rows")
+
+    @T.macro
+    def load_row(xn, rn, X, R, bi, ti, tx):
+        """xn (and rn) = row (bi, ti) of X (and R); masked thread-vectors 0."""
+        for p in T.unroll(PASSES):
+            if p * PASS + tx * VEC < hidden:
+                for j in T.vectorized(VEC):
+                    xn[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
+                if has_residual:
+                    for j in T.vectorized(VEC):
+                        rn[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
+            else:
+                for j in T.unroll(VEC):
+                    xn[p, j] = T.cast(0, in_dtype)
+                    rn[p, j] = T.cast(0, in_dtype)
 
     @T.macro
     def take_row(xs, xn, rn, sb, RO, bi, ti, tx):
@@ -151,6 +193,15 @@ def build(v, cfg: LaunchConfig | None = None):
             T.assume(ob_bs % 8 == 0)
             T.assume(ob_rs % 8 == 0)
             tx = T.get_thread_binding(0)
+            # Flat views of Y and the SF (the bounds are nominal: strided rows may lie beyond them,
+            # and nothing checks them): a row's offsets are computed once per row, in int64, not
+            # in every pass. yrow counts 16-byte units (the host checks Y's strides), so the
+            # 8-byte stores stay whole vectors.
+            yrow = T.alloc_var("int64")
+            srow = T.alloc_var("int64")
+            Y = T.view(Y, shape=(batch * num_tokens * hidden,), strides=(1,))
+            S = T.view(S, shape=(batch * num_tokens * num_groups,), strides=(1,))
+            SP = T.view(SP, shape=(batch * num_tokens * T.ceildiv(num_groups, 4) * 4,), strides=(1,))
             # xn and rn receive a row's loads; xs holds it (norm_input) while it is normalised.
             xs = T.alloc_local((PASSES, VEC), in_dtype)
             xn = T.alloc_local((PASSES, VEC), in_dtype)
@@ -184,8 +235,12 @@ def build(v, cfg: LaunchConfig | None = None):
             rstd = T.alloc_var("float32")
             amax = T.alloc_var("float32")
             inv = T.alloc_var("float32")
+            nbi = T.alloc_var("int32")
+            nti = T.alloc_var("int32")
             bi = 0
             ti = 0
+            nbi = 0
+            nti = 0
             for p in T.unroll(PASSES):  # (keeps TileLang's read-before-write check quiet)
                 for j in T.unroll(VEC):
                     xn[p, j] = T.cast(0, in_dtype)
@@ -196,18 +251,20 @@ def build(v, cfg: LaunchConfig | None = None):
                 else:
                     bi = (b + k * num_ctas) // num_tokens
                     ti = (b + k * num_ctas) % num_tokens
-                for p in T.unroll(PASSES):
-                    if p * PASS + tx * VEC < hidden:
-                        for j in T.vectorized(VEC):
-                            xn[p, j] = X[bi, ti, p * PASS + tx * VEC + j]
-                        if has_residual:
-                            for j in T.vectorized(VEC):
-                                rn[p, j] = R[bi, ti, p * PASS + tx * VEC + j]
-                    else:
-                        for j in T.unroll(VEC):
-                            xn[p, j] = T.cast(0, in_dtype)
-                            rn[p, j] = T.cast(0, in_dtype)
+                if PREFETCH:
+                    if k == 0:
+                        load_row(xn, rn, X, R, bi, ti, tx)
+                else:
+                    load_row(xn, rn, X, R, bi, ti, tx)
                 take_row(xs, xn, rn, sb, RO, bi, ti, tx)
+                if PREFETCH:  # the next row's loads fly while this one is normalised
+                    if k + 1 < nb:
+                        if batch == 1:
+                            nti = b + (k + 1) * num_ctas
+                        else:
+                            nbi = (b + (k + 1) * num_ctas) // num_tokens
+                            nti = (b + (k + 1) * num_ctas) % num_tokens
+                        load_row(xn, rn, X, R, nbi, nti, tx)
                 ss = T.float32(0)
                 for p in T.unroll(PASSES):
                     for i in T.unroll(VEC // 2):
@@ -224,6 +281,8 @@ def build(v, cfg: LaunchConfig | None = None):
                 total = red[k % 2, 0]
                 for w in T.unroll(WARPS - 1):
                     total = total + red[k % 2, w + 1]
+                yrow = (T.cast(bi, "int64") * o_bs + T.cast(ti, "int64") * o_rs) // 16
+                srow = T.cast(bi, "int64") * sf_bs + T.cast(ti, "int64") * sf_ts
                 rstd = T.rsqrt(total / T.cast(hidden, "float32") + eps)
                 if with_rstd != 0 and tx == 0:
                     RSTD[bi, ti] = rstd
@@ -236,57 +295,63 @@ def build(v, cfg: LaunchConfig | None = None):
                         + (mi % 128) // 32
                     )
 
-                for p in T.unroll(PASSES):
-                    if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
-                        if has_weight:
-                            for c in T.unroll(VEC // 4):
-                                for j in T.vectorized(4):
-                                    wv[c * 4 + j] = wsh[p, c, tx, j]
-                        else:
-                            for j in T.unroll(VEC):
-                                wv[j] = out_scale
-                        for i in T.unroll(VEC // 2):
-                            lo, hi = f32_pair(xs, p, 2 * i)
-                            yf[2 * i] = (lo * rstd) * wv[2 * i]
-                            yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
-                        for j in T.vectorized(VEC):  # two values per conversion instruction
-                            yb[j] = T.cast(yf[j], in_dtype)
-                        for i in T.unroll(VEC // 2):
-                            yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
-                        amax = T.float32(0)
-                        for j in T.unroll(VEC):
-                            amax = T.max(amax, T.abs(yr[j]))
-                        for s in T.unroll(lanes.bit_length() - 1):
-                            amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
-                        c = T.max(amax, amax_clamp)
-                        e = pow2_scale_exponent(c, FMT_MAX)
-                        if round_sf != 0:
-                            inv = pow2_inverse(e)
-                        else:
-                            inv = T.float32(FMT_MAX) / c
-                        for j in T.unroll(VEC):
-                            yf[j] = yr[j] * inv
-                        for j in T.vectorized(VEC):  # saturating: clamps to +-448
-                            qb[j] = T.cast(yf[j], "float8_e4m3fn")
-                        if p * PASS + tx * VEC < hidden:
-                            for j in T.vectorized(VEC):
-                                Y[bi, ti, p * PASS + tx * VEC + j] = qb[j]
-                            if with_out_bf16 != 0:
-                                for j in T.vectorized(VEC):
-                                    YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
-                            group = (p * PASS + tx * VEC) // quant_npc
-                            if tx % lanes == 0:
-                                if packed != 0:
-                                    SP[bi, ti, group // 4, group % 4] = T.cast(e + 127, "uint8")
-                                    # The last group zero-fills the rest of its 4-byte word.
-                                    if group == num_groups - 1:
-                                        for z in T.serial(3 - group % 4):
-                                            SP[bi, ti, group // 4, group % 4 + 1 + z] = T.uint8(0)
-                                elif round_sf != 0:
-                                    S[bi, ti, group] = pow2_sf(e)
+                # SPLIT_SF: one copy of the passes per SF mode, so no pass branches on it (packed
+                # needs round_sf); else one copy branching on the runtime flags.
+                for mode in (PLAIN, ROUND, PACKED) if SPLIT_SF else (None,):
+                    rounded = (round_sf != 0) if mode is None else (mode != PLAIN)
+                    is_packed = (packed != 0) if mode is None else (mode == PACKED)
+                    if (round_sf + packed == mode) if mode is not None else True:
+                        for p in T.unroll(PASSES):
+                            if p * PASS < hidden:  # the same for the whole CTA: the group shuffles need every lane
+                                if has_weight:
+                                    for c in T.unroll(VEC // 4):
+                                        for j in T.vectorized(4):
+                                            wv[c * 4 + j] = wsh[p, c, tx, j]
                                 else:
-                                    S[bi, ti, group] = c / T.float32(FMT_MAX)
-                                if mega_block_m != 0:
-                                    MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
+                                    for j in T.unroll(VEC):
+                                        wv[j] = out_scale
+                                for i in T.unroll(VEC // 2):
+                                    lo, hi = f32_pair(xs, p, 2 * i)
+                                    yf[2 * i] = (lo * rstd) * wv[2 * i]
+                                    yf[2 * i + 1] = (hi * rstd) * wv[2 * i + 1]
+                                for j in T.vectorized(VEC):  # two values per conversion instruction
+                                    yb[j] = T.cast(yf[j], in_dtype)
+                                for i in T.unroll(VEC // 2):
+                                    yr[2 * i], yr[2 * i + 1] = f32_pair(yb, 2 * i)
+                                amax = T.float32(0)
+                                for j in T.unroll(VEC):
+                                    amax = T.max(amax, T.abs(yr[j]))
+                                for s in T.unroll(lanes.bit_length() - 1):
+                                    amax = T.max(amax, T.shfl_xor(amax, lanes >> (s + 1)))
+                                c = T.max(amax, amax_clamp)
+                                e = pow2_scale_exponent(c, FMT_MAX)
+                                if rounded:
+                                    inv = pow2_inverse(e)
+                                else:
+                                    inv = T.float32(FMT_MAX) / c
+                                for j in T.unroll(VEC):
+                                    yf[j] = yr[j] * inv
+                                for j in T.vectorized(VEC):  # saturating: clamps to +-448
+                                    qb[j] = T.cast(yf[j], "float8_e4m3fn")
+                                if p * PASS + tx * VEC < hidden:
+                                    for j in T.vectorized(VEC):
+                                        Y[yrow * 16 + (p * PASS + tx * VEC + j)] = qb[j]
+                                    if with_out_bf16 != 0:
+                                        for j in T.vectorized(VEC):
+                                            YB[bi, ti, p * PASS + tx * VEC + j] = T.cast(yb[j], "bfloat16")
+                                    group = (p * PASS + tx * VEC) // quant_npc
+                                    if tx % lanes == 0:
+                                        if is_packed:
+                                            SP[srow + (group // 4) * sf_gs + group % 4] = T.cast(e + 127, "uint8")
+                                            # The last group zero-fills the rest of its 4-byte word.
+                                            if group == num_groups - 1:
+                                                for z in T.serial(3 - group % 4):
+                                                    SP[srow + (group // 4) * sf_gs + group % 4 + 1 + z] = T.uint8(0)
+                                        elif rounded:
+                                            S[srow + group * sf_gs] = pow2_sf(e)
+                                        else:
+                                            S[srow + group * sf_gs] = div_fmt_max(c)
+                                        if mode != PLAIN and mega_block_m != 0:  # (the host: mega needs round_sf)
+                                            MM[mrow, group // 4, group % 4] = T.cast(e + 127, "uint8")
 
     return norm_forward_kernel

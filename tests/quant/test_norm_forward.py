@@ -505,6 +505,28 @@ def test_gpu_cast_amax_clamp_is_runtime():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_plain_sf_at_the_ends_of_its_range(dtype):
+    """The plain SF c / 448 (in the kernel an FMA-corrected product where that is exact, c in
+    [2^-120, inf), the division elsewhere): groups of 32 whose weights step through 2^-130 .. 2^-67
+    (subnormal and normal amax, across 2^-120, in fp32 and bf16 alike) under a clamp of 2^-149,
+    and a group holding inf."""
+    tilebake.set_amax_clamp_for_quant("e4m3", False, 2.0**-149)
+    x = make_input((16, 64 * 32), dtype, "cuda")
+    scales = torch.exp2(torch.arange(-130, -66, device="cuda").float())
+    weight = ((torch.rand(64, 32, device="cuda") + 0.5) * scales[:, None]).flatten().to(dtype)
+    weight[-32] = float("inf")
+    (data, sf), y, _, _ = tilebake.quant.norm_forward_and_per_token_cast(x, weight, EPS, "e4m3", 32, with_out_bf16=True)
+    if dtype != torch.bfloat16:  # the normalised values in x's dtype: norm_forward's (the same kernel code)
+        y = tilebake.quant.norm_forward(x, weight, EPS)[0]
+    expected = cast(y, "e4m3", (1, 32), amax_clamp=2.0**-149)
+    assert_bytes_equal(data, expected[0], "data")
+    assert_bytes_equal(sf, expected[1], "sf")
+    assert torch.isinf(sf[:, -1]).all()
+    assert (sf[:, :5] < 2.0**-120 / 448).all() and (sf[:, 20:-1] > 2.0**-120 / 448).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens,block_m", [(1, 64), (127, 64), (300, 128), (8001, 200), (1000, 256)])
 def test_gpu_mega_moe_sf(num_tokens, block_m, dtype):
     check_mega_moe_sf(make_input((num_tokens, 7168), dtype, "cuda"), block_m)
