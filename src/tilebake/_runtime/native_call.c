@@ -3,9 +3,10 @@
  *
  * A plan is a small program that tilebake/_runtime/plan.py compiles once per op and call key:
  * 64-bit words (opcodes below), float constants and one kernel resolver per kernel launched.
- * Tensors are read and allocated through torch's DLPack C exchange API
- * (torch.Tensor.__dlpack_c_exchange_api__, DLPack 1.3: a non-owning DLTensor view, torch's
- * caching allocator, torch's current stream). Any argument the plan does not expect (another
+ * Tensors are read through torch's DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__,
+ * DLPack 1.3: a non-owning DLTensor view, torch's current stream); outputs are the first
+ * tensor's new_empty (torch's own allocation: the exchange API's allocator hands out tensors whose
+ * memory record_stream does not track). Any argument the plan does not expect (another
  * dtype, shape, stride, device, a tensor subclass, a failed allocation) makes run() return
  * NotImplemented without side effects: the caller then takes the Python path, which raises
  * the op's own typed error or handles the case. Driver errors raise CudaDriverError.
@@ -23,16 +24,17 @@ static void plan_free(PyObject *capsule) {
   Py_XDECREF(p->bump);
   Py_XDECREF(p->tensor_type);
   Py_XDECREF(p->param_type);
+  Py_XDECREF(p->alloc_kwargs);
   free(p);
 }
 
-/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type, param_type) -> capsule */
+/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type, param_type, alloc_kwargs) -> capsule */
 PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   char *bytes;
   Py_ssize_t nbytes;
-  if (nargs != 6 || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
+  if (nargs != 7 || !PyTuple_Check(args[6]) || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
       !PyTuple_Check(args[2]) || PyTuple_Size(args[2]) > MAX_KERNELS) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type, param_type)");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type, param_type, alloc_kwargs)");
     return NULL;
   }
   PyObject *capsule_obj = PyObject_GetAttrString(args[4], "__dlpack_c_exchange_api__");
@@ -59,6 +61,7 @@ PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   Py_INCREF(args[3]), p->bump = args[3];
   Py_INCREF(args[4]), p->tensor_type = args[4];
   Py_INCREF(args[5]), p->param_type = args[5];
+  Py_INCREF(args[6]), p->alloc_kwargs = args[6];
   PyObject *capsule = PyCapsule_New(p, "tilebake.plan", plan_free);
   if (!capsule || PyErr_Occurred()) return Py_XDECREF(capsule), NULL; /* plan_free ran if created */
   return capsule;
@@ -143,12 +146,17 @@ PyObject *plan_return(Call *c, const int64_t *tpl, int64_t n, int64_t *pos) {
 }
 
 static PyObject *execute(PyObject *const *args, Py_ssize_t nargs, PyObject *trace) {
+  if (nargs >= 1 && args[0] == Py_None) { /* no plan for this key (no exchange API): the Python path */
+    Py_INCREF(Py_NotImplemented);
+    return Py_NotImplemented;
+  }
   Plan *p = nargs >= 1 ? PyCapsule_GetPointer(args[0], "tilebake.plan") : NULL;
   if (!p) return NULL;
   Call c;
   memset(c.obj, 0, sizeof c.obj);
   memset(c.owned, 0, sizeof c.owned);
   c.device = -1;
+  c.like = NULL;
   c.stream = NULL;
   c.trace = trace;
   PyObject *result = NULL;

@@ -44,7 +44,7 @@ enum {
   OP_PTR,        /* S R: R = data pointer */
   OP_EXPR,       /* R n tokens[n]: R = expression */
   OP_CHECK,      /* n tokens[n]: expression != 0, or NotImplemented */
-  OP_ALLOC,      /* S code bits lanes ndim R[ndim]: a new contiguous tensor of shape R[] */
+  OP_ALLOC,      /* S dtype ndim R[ndim]: a new contiguous tensor of shape R[] (alloc_kwargs[dtype]) */
   OP_VIEW,       /* S ndim R[ndim] R[ndim]: S = S.as_strided(sizes, strides) */
   OP_DISJOINT,   /* S S: the two tensors' memory does not overlap, or NotImplemented */
   OP_ZERO,       /* S R: memset the first R bytes of S to 0 on the stream */
@@ -70,6 +70,7 @@ typedef struct {
   PyObject *bump;      /* torch.autograd.graph.increment_version */
   PyObject *tensor_type; /* torch.Tensor */
   PyObject *param_type;  /* torch.nn.Parameter: a subclass that overrides nothing a kernel sees */
+  PyObject *alloc_kwargs; /* tuple of {"dtype": ...}: the new_empty keywords of each output dtype */
   const ExchangeAPI *api;
   Loaded *handles[MAX_KERNELS][MAX_DEVICES];
 } Plan;
@@ -81,6 +82,7 @@ typedef struct {
   int64_t shape[MAX_SLOTS][MAX_DIMS], strides[MAX_SLOTS][MAX_DIMS]; /* allocated tensors' */
   int64_t reg[MAX_REGS];
   int device;   /* -1 until the first tensor */
+  PyObject *like; /* the first tensor: outputs are its new_empty */
   void *stream; /* fetched at the first launch */
   PyObject *trace; /* trace(): a list receiving the launches instead of the driver */
 } Call;

@@ -7,9 +7,6 @@
   if (*pc + (k) > p->ncode) return bad_plan()
 #define ARG(i) (code[*pc + (i)])
 
-static void set_alloc_error(void *ctx, const char *kind, const char *message) {
-  PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message);
-}
 
 static int64_t itemsize(const DLTensor *t) { return (t->dtype.bits * t->dtype.lanes + 7) / 8; }
 
@@ -55,6 +52,7 @@ static int read_tensor(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs
   int device_ok = t->device.device_type == kDLCUDA || (c->trace && t->device.device_type == kDLCPU);
   if (!device_ok || (c->device >= 0 && t->device.device_id != c->device)) return 1;
   c->device = t->device.device_id;
+  if (!c->like) c->like = obj;
   if (t->dtype.code != a[2] || t->dtype.bits != a[3] || t->dtype.lanes != a[4] || t->ndim != a[5]) return 1;
   if (a[6] > 1 && (uintptr_t)t->data % (uintptr_t)a[6]) return 1;
   c->obj[a[1]] = obj;
@@ -62,35 +60,27 @@ static int read_tensor(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs
 }
 
 static int allocate(Plan *p, Call *c, const int64_t *a) {
-  /* a: S code bits lanes ndim R[ndim] */
-  int64_t s = a[0], ndim = a[4];
-  if (c->device < 0) return bad_plan();
-  DLTensor proto = {0};
-  proto.device.device_type = c->trace ? (int32_t)c->dl[0].device.device_type : kDLCUDA;
-  proto.device.device_id = c->device;
-  proto.ndim = (int32_t)ndim;
-  proto.dtype.code = (uint8_t)a[1], proto.dtype.bits = (uint8_t)a[2], proto.dtype.lanes = (uint16_t)a[3];
-  int64_t stride = 1;
-  for (int64_t d = ndim - 1; d >= 0; --d) {
-    int64_t size = c->reg[a[5 + d]];
-    if (size < 0) return 1;
-    c->shape[s][d] = size;
-    c->strides[s][d] = stride;
-    stride *= size > 1 ? size : 1;
+  /* a: S dtype ndim R[ndim]. like.new_empty(shape, dtype=...) with like the call's first tensor:
+   * torch's own allocation (its caching allocator's block, so record_stream, memory stats and
+   * graph pools behave as for any torch tensor), on the call's device. */
+  int64_t s = a[0], ndim = a[2];
+  PyObject *kwargs = PyTuple_GetItem(p->alloc_kwargs, a[1]);
+  if (!c->like || !kwargs) return bad_plan();
+  PyObject *shape = PyTuple_New(ndim);
+  for (int64_t d = 0; shape && d < ndim; ++d) {
+    int64_t size = c->reg[a[3 + d]];
+    if (size < 0) return Py_DECREF(shape), 1;
+    PyTuple_SetItem(shape, d, PyLong_FromLongLong(size));
   }
-  proto.shape = c->shape[s];
-  proto.strides = c->strides[s];
-  DLManagedTensorVersioned *m = NULL;
-  void *obj = NULL;
-  /* A failed allocation (out of memory) goes to the Python path, which raises torch's own error. */
-  if (p->api->allocate(&proto, &m, NULL, set_alloc_error) || !m) return 1;
-  void *data = m->dl_tensor.data;
-  if (p->api->managed_to_py(m, &obj) || !obj) return 1;
-  proto.data = data;
-  proto.shape = c->shape[s];
-  proto.strides = c->strides[s];
-  c->dl[s] = proto;
-  c->obj[s] = obj;
+  PyObject *method = shape ? PyObject_GetAttrString(c->like, "new_empty") : NULL;
+  PyObject *args = method ? PyTuple_Pack(1, shape) : NULL;
+  PyObject *t = args ? PyObject_Call(method, args, kwargs) : NULL;
+  Py_XDECREF(args);
+  Py_XDECREF(method);
+  Py_XDECREF(shape);
+  if (!t) return 1; /* e.g. out of memory: the Python path allocates again and raises torch's error */
+  if (p->api->view_of_py(t, &c->dl[s])) return Py_DECREF(t), 1;
+  c->obj[s] = t;
   c->owned[s] = 1;
   return 0;
 }
@@ -211,14 +201,14 @@ int plan_step(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs, int64_t
       if (op == OP_EXPR) c->reg[r] = v;
       return op == OP_CHECK && !v ? 1 : 0;
     case OP_ALLOC:
-      NEED(5);
-      n = ARG(4);
-      NEED(5 + n);
+      NEED(3);
+      n = ARG(2);
+      NEED(3 + n);
       if (!slot_ok(ARG(0)) || c->obj[ARG(0)] || n > MAX_DIMS) return bad_plan();
       for (int64_t d = 0; d < n; ++d)
-        if (!reg_ok(ARG(5 + d))) return bad_plan();
+        if (!reg_ok(ARG(3 + d))) return bad_plan();
       if ((v = allocate(p, c, &ARG(0)))) return v;
-      *pc += 5 + n;
+      *pc += 3 + n;
       return 0;
     case OP_VIEW:
       NEED(2);

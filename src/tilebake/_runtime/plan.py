@@ -56,7 +56,7 @@ def available() -> bool:
     from tilebake._runtime.loader import _native
 
     try:
-        _native().plan(b"", (), (), torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter)
+        _native().plan(b"", (), (), torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter, ())
     except (AttributeError, RuntimeError, ValueError):
         return False
     return True
@@ -74,6 +74,7 @@ class Builder:
         self.code: list[int] = []
         self.floats: list[float] = []
         self.kernels: list = []  # (kernel, its launch spec)
+        self.dtypes: list[torch.dtype] = []  # of the allocated outputs
         self.regs: dict[str, int] = {}  # symbol -> register (several symbols may name one: let())
         self.nregs = 0
         self.slots = 0
@@ -178,13 +179,16 @@ class Builder:
         return ref
 
     def alloc(self, dtype: torch.dtype, shape, view=None) -> Ref:
-        """A new contiguous tensor of `shape` (expressions) on the call's device; view:
-        (sizes, strides) of an as_strided view of it to use instead (e.g. column-major)."""
+        """A new contiguous tensor of `shape` (expressions) on the call's device (the first
+        tensor's new_empty); view: (sizes, strides) of an as_strided view of it to use instead
+        (e.g. column-major)."""
         if self.launched:
             raise ValueError("call plan: allocate before the first launch (a failed allocation falls back)")
         regs = [self.value(s) for s in shape]
         ref = self._slot(dtype, len(shape))
-        self.code += [OP_ALLOC, ref.slot, *_DL_DTYPES[dtype], len(shape), *regs]
+        if dtype not in self.dtypes:
+            self.dtypes.append(dtype)
+        self.code += [OP_ALLOC, ref.slot, self.dtypes.index(dtype), len(shape), *regs]
         if view is not None:
             sizes, strides = ([self.value(e) for e in part] for part in view)
             self.code += [OP_VIEW, ref.slot, len(sizes), *sizes, *strides]
@@ -257,9 +261,11 @@ class Builder:
         resolvers = tuple(functools.partial(_resolve, kernel, spec) for kernel, spec in self.kernels)
         code = struct.pack(f"<{len(self.code)}q", *self.code)
         globals()["run"] = _native().run
+        alloc_kwargs = tuple({"dtype": dtype} for dtype in self.dtypes)
         return _native().plan(
-            code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter
-        )
+            code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter,
+            alloc_kwargs,
+        )  # fmt: skip
 
 
 def _rename(tree, names):

@@ -116,12 +116,12 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         (as get_fused_mapping makes them); otherwise its content is unspecified. CPU tensors take
         the reference path (tilebake.torch.expand_to_fused).
     """
-    try:  # the native path (moe/_plans_mapping.py); NotImplemented: the Python path below
-        call = _PLANS[x.dtype]
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path (moe/_plans_mapping.py); NotImplemented: the Python path below
+            call = _PLANS[x.dtype]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
             if result is not NotImplemented:
                 return result
@@ -174,12 +174,12 @@ def expand_to_fused_with_sf(
     """
     # The native path (moe/_plans_mapping.py); NotImplemented: the Python path below. The key
     # holds len(x): a plan reads the two items, the Python path wants exactly two.
-    try:
-        call = _SF_PLANS[len(x), x[0].dtype, x[1].dtype, num_per_channels, use_tma_aligned_col_major_sf]
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _SF_PLANS[len(x), x[0].dtype, x[1].dtype, num_per_channels, use_tma_aligned_col_major_sf]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(call, x, token_topk_to_pos, pos_to_expert)
             if result is not NotImplemented:
                 return result

@@ -112,13 +112,13 @@ def get_fused_mapping(
     # The native path (moe/_plans_mapping.py): the launches in one plan; the synchronising mode
     # then copies the counts to the host here. NotImplemented sends the call on below. The key
     # holds each int's class: a bool (rejected below) must not match an int's plan.
-    try:
-        call = _PLANS[num_experts, num_experts.__class__, num_expanded_tokens, num_expanded_tokens.__class__,
-                      alignment, alignment.__class__, force_no_sync]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[num_experts, num_experts.__class__, num_expanded_tokens, num_expanded_tokens.__class__,
+                          alignment, alignment.__class__, force_no_sync]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, topk_idx)
             if result is not NotImplemented:
                 if num_expanded_tokens or force_no_sync:

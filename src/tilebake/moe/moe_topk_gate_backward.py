@@ -163,13 +163,13 @@ def moe_topk_gate_backward(
     at 1025 and 299 us at 8192 (900 GB/s).
     """
     # The native path (moe/_plans_gate.py): NotImplemented sends the call on below.
-    try:
-        call = _PLANS[scores.shape[1], routed_scaling_factor, routed_scaling_factor.__class__, scoring_func,
-                      mask is None, grad_scores_sum is None, out is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[scores.shape[1], routed_scaling_factor, routed_scaling_factor.__class__, scoring_func,
+                          mask is None, grad_scores_sum is None, out is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(call, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum, out)
             if result is not NotImplemented:
                 return result

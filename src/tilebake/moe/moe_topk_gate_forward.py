@@ -148,19 +148,19 @@ def moe_topk_gate_forward(
     # The native path (moe/_plans_gate.py): NotImplemented sends the call on below. The key
     # holds each number's class (a bool where an int is checked must not match an int's plan)
     # and out's length (a plan reads the items it needs, the Python path wants exactly two).
-    try:
-        call = _PLANS[
-            logits.shape[1], scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
-            use_shared_as_routed.__class__, num_shared_experts, num_shared_experts.__class__, routed_scaling_factor,
-            routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
-            num_topk_groups, num_topk_groups.__class__, mask is None, bias is None, image_bias is None,
-            image_token_mask is None, fix_routing_mask is None, to_physical_map is None, logical_count is None,
-            unmapped_topk_idx is None, force_random is None, scores is None, None if out is None else len(out),
-        ]  # fmt: skip
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[
+                logits.shape[1], scoring_func, num_topk, num_topk.__class__, use_shared_as_routed,
+                use_shared_as_routed.__class__, num_shared_experts, num_shared_experts.__class__, routed_scaling_factor,
+                routed_scaling_factor.__class__, ep_rank, ep_rank.__class__, num_groups, num_groups.__class__,
+                num_topk_groups, num_topk_groups.__class__, mask is None, bias is None, image_bias is None,
+                image_token_mask is None, fix_routing_mask is None, to_physical_map is None, logical_count is None,
+                unmapped_topk_idx is None, force_random is None, scores is None, None if out is None else len(out),
+            ]  # fmt: skip
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(
                 call, logits, (mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
                 logical_count, unmapped_topk_idx, force_random, scores), out,

@@ -47,12 +47,12 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         a row of zeros finite, as in moe_topk_gate_forward); normalized = w / denominator.
         Bit-identical to tilebake.torch.normalize_weight, which CPU tensors run.
     """
-    try:  # the native path (moe/_plans_gate.py); NotImplemented: the Python path below
-        call = _PLANS[topk_weights.dtype]
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path (moe/_plans_gate.py); NotImplemented: the Python path below
+            call = _PLANS[topk_weights.dtype]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, topk_weights)
             if result is not NotImplemented:
                 return result

@@ -74,13 +74,13 @@ def reduce_fused(
     """
     # The native path (moe/_plans_mapping.py); NotImplemented: the Python path below. A
     # QuantTensor's key holds its length (a plan reads two items, the Python path wants two).
-    try:
-        data_key = x.dtype if x.__class__ is not tuple else (len(x), x[0].dtype)
-        call = _PLANS[data_key, fp8_format, topk_weights is None, sf is None, out is None]
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            data_key = x.dtype if x.__class__ is not tuple else (len(x), x[0].dtype)
+            call = _PLANS[data_key, fp8_format, topk_weights is None, sf is None, out is None]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, topk_weights, token_topk_to_pos, sf, out)
             if result is not NotImplemented:
                 return result
@@ -138,7 +138,7 @@ def reduce_fused(
     if given_out:  # a write into a given tensor counts, as for torch's out= ops
         torch.autograd.graph.increment_version(out)
     data_key = data.dtype if x_sf is None else (2, data.dtype)
-    plan_key = (data_key, fp8_format, topk_weights is None, sf is None, given_out)
+    plan_key = (data_key, fp8_format, topk_weights is None, sf is None, not given_out)  # the lookup's `out is None`
     if plan_key not in _PLANS:
         from tilebake.moe._plans_mapping import reduce_plan
 

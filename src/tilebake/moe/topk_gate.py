@@ -92,12 +92,12 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """
     # The native path: a call whose key has been seen runs as one plan (moe/_plans_gate.py);
     # a call the plan does not take (NotImplemented) goes on below.
-    try:
-        call = _PLANS[scores.shape[1], num_topk, num_topk.__class__]
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[scores.shape[1], num_topk, num_topk.__class__]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(call, scores)
             if result is not NotImplemented:
                 return result

@@ -115,16 +115,16 @@ def batched_transpose_weight_sf(
     # launching one. A call a plan does not take (NotImplemented) goes on below; not while
     # torch.compile traces. The classes are in the key: 1 and True are equal keys the checks
     # below tell apart.
-    try:
-        checks, call = _PLANS[(
-            block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
-            *[(t, t.__class__) for t in transpose_sf1s], *[s.ndim for s in sf],
-        )]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        args = sf if outs is None else (*sf, *outs)
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            checks, call = _PLANS[(
+                block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
+                *[(t, t.__class__) for t in transpose_sf1s], *[s.ndim for s in sf],
+            )]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            args = sf if outs is None else (*sf, *outs)
             capturing = torch.cuda.is_current_stream_capturing()  # no host check in a graph (see below)
             if capturing or plan.run(checks, *args) is None:  # the validating plan took the call
                 result = plan.run(call, *args) if capturing or _scales_checked(sf) else NotImplemented

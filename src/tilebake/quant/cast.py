@@ -55,12 +55,12 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
             finite bf16 may round to inf.
     """
     # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
-    try:
-        call = _PLANS[x.dtype, dtype, stochastic_rounding is True, x.ndim]
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, dtype, stochastic_rounding is True, x.ndim]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x)
             if result is not NotImplemented:
                 return result

@@ -114,12 +114,12 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     # The native path: a call whose key has been seen runs as one plan (validate, allocate and
     # launch in C); a call the plan does not take (NotImplemented) goes on below. torch.compile
     # traces the Python path (its torch.library op), never the native call.
-    try:
-        call = _PLANS[fmt, x_block_size, x_special_fmt, x[0].dtype, x[1].dtype]
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[fmt, x_block_size, x_special_fmt, x[0].dtype, x[1].dtype]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(call, x)
             if result is not NotImplemented:
                 return result

@@ -128,13 +128,13 @@ def norm_backward(
         addition, else a new tensor in weight's dtype; None without weight. CPU tensors take
         the reference path.
     """
-    try:
-        call = _PLANS[x.dtype, weight is None, residual_out_grad is None, out_scale, out_scale.__class__,
-                      weight_grad is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, weight is None, residual_out_grad is None, out_scale, out_scale.__class__,
+                          weight_grad is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, out_grad, x, weight, rstd, residual_out_grad, weight_grad)
             if result is not NotImplemented:
                 x_grad, partials = result

@@ -271,13 +271,13 @@ def norm_forward(
         residual norm_input is x itself. CPU tensors take the reference path.
     """
     # The native path: a call whose key has been seen runs as one plan; NotImplemented: go on below.
-    try:
-        call = _FORWARD_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, residual is None, out_scale,
-                              out_scale.__class__, out is None, residual_out is None, with_rstd]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _FORWARD_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, residual is None, out_scale,
+                                  out_scale.__class__, out is None, residual_out is None, with_rstd]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, weight, residual, out, residual_out)
             if result is not NotImplemented:
                 return result
@@ -450,15 +450,15 @@ def norm_forward_and_per_token_cast(
         ((data, sf), out_bf16 or None, rstd or None, norm_input). CPU tensors take the
         reference path (same bytes).
     """
-    try:
-        call = _CAST_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, fmt, num_per_channels, residual is None,
-                           out_scale, out_scale.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                           with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,
-                           mega_moe_block_m, mega_moe_block_m.__class__, with_rstd]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _CAST_PLANS[x.dtype, x.ndim, weight is None, eps, eps.__class__, fmt, num_per_channels, residual is None,
+                               out_scale, out_scale.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                               with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,
+                               mega_moe_block_m, mega_moe_block_m.__class__, with_rstd]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, weight, residual, out, out_bf16, residual_out, mega_moe_sf)
             if result is not NotImplemented:
                 return result

@@ -199,14 +199,14 @@ def per_block_cast(
         (data, sf) with x ~= data * sf per block. CPU tensors take the reference path.
     """
     # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
-    try:
-        call = _PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                      out is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
-                      use_packed_ue8m0.__class__]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                          out is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+                          use_packed_ue8m0.__class__]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, out)
             if result is not NotImplemented:
                 return result
@@ -249,14 +249,14 @@ def per_block_cast_with_sf_only(
     out_sf: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Only the scale factors of `per_block_cast` (same arguments, same SF bytes and layout)."""
-    try:  # the native path, as per_block_cast's
-        call = _SF_ONLY_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                              out_sf is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
-                              use_packed_ue8m0.__class__]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as per_block_cast's
+            call = _SF_ONLY_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                                  out_sf is None, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+                                  use_packed_ue8m0.__class__]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, out_sf)
             if result is not NotImplemented:
                 return result
@@ -300,14 +300,14 @@ def per_block_cast_with_precomputed_sf(
     use_tma_aligned_col_major_sf and round_sf describe how `sf` was made and do not change
     the arithmetic; they are accepted for signature compatibility. Returns the data only.
     """
-    try:  # the native path, as per_block_cast's
-        call = _PRECOMPUTED_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                                  use_packed_ue8m0, out is None, use_tma_aligned_col_major_sf.__class__,
-                                  round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as per_block_cast's
+            call = _PRECOMPUTED_PLANS[x.dtype, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                                      use_packed_ue8m0, out is None, use_tma_aligned_col_major_sf.__class__,
+                                      round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, sf, out)
             if result is not NotImplemented:
                 return result

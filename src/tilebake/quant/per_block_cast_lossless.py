@@ -134,17 +134,17 @@ def per_block_cast_lossless(
     # launch in C); a call the plan does not take (NotImplemented) goes on below; not while
     # torch.compile traces. The classes are in the key: 1 and True (or 32.0 and 32) are equal
     # keys the checks below tell apart.
-    try:
-        call = _PLANS[
-            fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, check,
-            out is None, x[0].dtype, x[1].dtype, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
-            use_packed_ue8m0.__class__, check.__class__, x_block_size[0].__class__, x_block_size[1].__class__,
-            out_block_size[0].__class__, out_block_size[1].__class__,
-        ]  # fmt: skip
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[
+                fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, check,
+                out is None, x[0].dtype, x[1].dtype, use_tma_aligned_col_major_sf.__class__, round_sf.__class__,
+                use_packed_ue8m0.__class__, check.__class__, x_block_size[0].__class__, x_block_size[1].__class__,
+                out_block_size[0].__class__, out_block_size[1].__class__,
+            ]  # fmt: skip
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             result = plan.run(call, x, out)
             if result is not NotImplemented:
                 return result

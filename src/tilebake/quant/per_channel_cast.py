@@ -119,13 +119,13 @@ def per_channel_cast(
     """
     # The native path (see per_token_cast): a call whose key has been seen runs as one plan. A
     # QuantTensor x has no plan (getattr: dynamo cannot hash a tuple's x.dtype while it traces).
-    try:
-        call = _PLANS[getattr(x, "dtype", None), fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
-                      round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[getattr(x, "dtype", None), fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
+                          round_sf.__class__, use_packed_ue8m0.__class__]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x)
             if result is not NotImplemented:
                 return result

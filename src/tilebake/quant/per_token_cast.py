@@ -205,13 +205,13 @@ def per_token_cast(
     # The native path: a call whose key has been seen runs as one plan (validate, allocate and
     # launch in C); a call the plan does not take (NotImplemented) goes on below. Not while
     # torch.compile traces (dynamo cannot trace the native call; the traced op runs it later).
-    try:
-        call = _PLANS[x.dtype, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                      use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, out)
             if result is not NotImplemented:
                 return result
@@ -295,13 +295,13 @@ def per_token_cast_with_sf_only(
 ) -> torch.Tensor:
     """Only the scale factors `per_token_cast` would return for the same arguments (same
     layouts and dtypes); the quantized data is not written. x: (T, H) bf16/fp32 as there."""
-    try:  # the native path, as per_token_cast's
-        call = _SF_ONLY_PLANS[x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
-                              use_packed_ue8m0, use_e4m3_sf, out_sf is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as per_token_cast's
+            call = _SF_ONLY_PLANS[x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                                  use_packed_ue8m0, use_e4m3_sf, out_sf is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, out_sf)
             if result is not NotImplemented:
                 return result
@@ -361,13 +361,13 @@ def per_token_cast_with_precomputed_sf(
         round_sf, use_e4m3_sf: describe how `sf` was made; checked for consistency only.
         out: optional preallocated data, e4m3 (T, H) or int8 (T, H/2).
     """
-    try:  # the native path, as per_token_cast's
-        call = _PRECOMPUTED_PLANS[x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
-                                  use_packed_ue8m0, use_e4m3_sf, out is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as per_token_cast's
+            call = _PRECOMPUTED_PLANS[x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                                      use_packed_ue8m0, use_e4m3_sf, out is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, sf, out)
             if result is not NotImplemented:
                 return result

@@ -86,12 +86,12 @@ def per_token_cast_and_cast_back(
     # The native path: a call whose key has been seen runs as one plan (validate and launch in
     # C); a call the plan does not take (NotImplemented) goes on below. torch.compile traces
     # the Python path (its torch.library op), never the native call.
-    try:
-        call = _PLANS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x)
             if result is not NotImplemented:
                 return None

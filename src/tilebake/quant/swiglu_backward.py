@@ -185,13 +185,13 @@ def swiglu_backward(
         tilebake.torch.swiglu_backward on the same CUDA device, rounded to the output dtypes.
     """
     # The native path (as in swiglu_forward; the scalars' classes keep True off a plan for 1.0).
-    try:
-        call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None, routed_scaling_factor,
-                      routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, do_recompute]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None, routed_scaling_factor,
+                          routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, do_recompute]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
             if result is not NotImplemented:
                 return result
@@ -260,15 +260,15 @@ def swiglu_backward_and_per_token_cast(
         topk_weights], [act_out (E, H) in act_x_grad's dtype if do_recompute]). x_grad_fp8 is
         the per-token cast of the fp32 gradient (not of x_grad rounded to bf16).
     """
-    try:  # the native path, as in swiglu_backward
-        call = _CAST_PLANS[act_x_grad.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
-                           topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
-                           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
-                           clamp_value.__class__, do_recompute]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as in swiglu_backward
+            call = _CAST_PLANS[act_x_grad.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
+                               topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
+                               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
+                               clamp_value.__class__, do_recompute]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, act_x_grad, psum_num_tokens_per_expert, topk_weights)
             if result is not NotImplemented:
                 return result

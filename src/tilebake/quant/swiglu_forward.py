@@ -233,14 +233,14 @@ def swiglu_forward(
     # torch.compile traces (dynamo cannot trace the native call; the traced op runs it later).
     # The scalars' classes are in the key: True == 1.0 would otherwise find a plan the Python
     # path refuses.
-    try:
-        call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None,
-                      routed_scaling_factor, routed_scaling_factor.__class__, clamp_value, clamp_value.__class__,
-                      clamped_count is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None,
+                          routed_scaling_factor, routed_scaling_factor.__class__, clamp_value, clamp_value.__class__,
+                          clamped_count is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
             if result is not NotImplemented:
                 return result
@@ -297,15 +297,15 @@ def swiglu_forward_and_per_token_cast(
         (data e4m3 (E, H), sf): bit-equal to tilebake.torch.cast of the fp32 reference values
         (not of values rounded to bf16), padding rows included.
     """
-    try:  # the native path, as in swiglu_forward
-        call = _CAST_PLANS[x.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
-                           topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
-                           use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
-                           clamp_value.__class__, clamped_count is None]  # fmt: skip
-    except (KeyError, AttributeError, TypeError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:  # the native path, as in swiglu_forward
+            call = _CAST_PLANS[x.dtype, fmt, num_per_channels, psum_num_tokens_per_expert is None,
+                               topk_weights is None, routed_scaling_factor, routed_scaling_factor.__class__,
+                               use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, clamp_value,
+                               clamp_value.__class__, clamped_count is None]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
             result = plan.run(call, x, psum_num_tokens_per_expert, topk_weights)
             if result is not NotImplemented:
                 return result

@@ -150,14 +150,14 @@ def apply_rotary(
     # The native path (transform/_plans_apply_rotary.py), seqlen_offset 0 only (a plan bakes its
     # arguments in: a decode loop's changing offset would build one every step). The key holds
     # the flags' classes: a float 1.0 (rejected below) must not match True's plan.
-    try:
-        call = _PLANS[query.dtype, query.ndim, query.shape[-1], key is None,
-                      None if positions is None else positions.dtype, interleaved, interleaved.__class__, conjugate,
-                      conjugate.__class__, seqlen_offset, seqlen_offset.__class__]  # fmt: skip
-    except (KeyError, AttributeError, TypeError, IndexError):
-        pass
-    else:
-        if not torch.compiler.is_compiling():  # dynamo cannot trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[query.dtype, query.ndim, query.shape[-1], key is None,
+                          None if positions is None else positions.dtype, interleaved, interleaved.__class__, conjugate,
+                          conjugate.__class__, seqlen_offset, seqlen_offset.__class__]  # fmt: skip
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
             if plan.run(call, query, cos_sin_cache, key, positions) is not NotImplemented:
                 return None
     _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
