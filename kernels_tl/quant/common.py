@@ -53,6 +53,23 @@ def store_ue8m0_sf(SB, row, group, num_groups, e):
             SB[row, group // 4, group % 4 + 1 + k] = T.uint8(0)
 
 
+@T.macro
+def store_ue8m0_word(SW, row, group, num_groups, e, lanes, owner):
+    """Packed UE8M0 SF as whole 4-byte words (the bytes of store_ue8m0_sf): group g's byte
+    e + 127 at byte g % 4 of word g // 4, 0 for g >= num_groups. A word's 4 groups sit in
+    4 * lanes consecutive lanes of one warp (`lanes` per group, every lane of a group holding its
+    e), so two OR-shuffles give every lane the word, and `owner` (the word's first lane, in
+    range) stores it in SW[row, g // 4] (a uint32 view): one store per word, not 4 byte stores.
+    Every lane of the warp must run this (the shuffles)."""
+    w = T.alloc_var("uint32")
+    byte = T.cast((e + 127) & 255, "uint32")
+    w = T.if_then_else(group < num_groups, T.shift_left(byte, T.cast((group % 4) * 8, "uint32")), T.uint32(0))
+    w = w | T.shfl_xor(w, lanes)
+    w = w | T.shfl_xor(w, 2 * lanes)
+    if owner:
+        SW[row, group // 4] = w
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupScale:
     """A per-token (1 x npc) group scale's compile-time parameters: `lanes` consecutive lanes
