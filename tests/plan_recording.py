@@ -17,6 +17,19 @@ class Recorder:
         self.calls.append(dict(zip(self.variant.arg_names, args)))
 
 
+class RecordingTable(dict):
+    """A KernelTable stand-in: table[key](device, *args) records {name: arg} (the key's variant's
+    declared order) in table.calls instead of launching, so a test runs the Python path's launch."""
+
+    def __init__(self, variant_type):
+        super().__init__()
+        self.variant_type, self.calls = variant_type, []
+
+    def __missing__(self, key):
+        names = self.variant_type(*key).arg_names
+        return lambda device, *args: self.calls.append(dict(zip(names, args)))
+
+
 def labeled(kernel, values: dict, tensors: dict) -> dict:
     """A launch's arguments with pointers named by the tensor they point at (pointers into no
     given tensor, e.g. a work buffer's: relative to the first such), floats as fp32."""

@@ -5,7 +5,6 @@ launch) on CPU tensors. The GPU tests run the same plans for real (every CUDA ca
 op's first with a key takes its plan)."""
 
 import itertools
-import random
 
 import pytest
 import torch

@@ -15,6 +15,7 @@ import torch
 import tilebake
 from tests.helpers import poison_
 from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
+from tests.plan_recording import RecordingTable
 from tests.quant.test_per_block_cast_lossless import make_fp4, poisoned_out, sf_kwargs
 from tilebake import config
 from tilebake._runtime import plan
@@ -29,17 +30,6 @@ btws = importlib.import_module("tilebake.quant.batched_transpose_weight_sf")
 
 def layout(t):
     return tuple(t.shape), t.stride(), t.dtype
-
-
-class Recorder:
-    """A KernelTable stand-in: records the Python path's kernel arguments by name."""
-
-    def __init__(self, variant_type):
-        self.names = [p.name for p in variant_type.PARAMS]
-        self.calls = []
-
-    def __getitem__(self, key):
-        return lambda device, *args: self.calls.append(dict(zip(self.names, args)))
 
 
 class KeyLog(dict):
@@ -211,7 +201,7 @@ def test_per_block_cast_lossless_plan(case, given, bumps):
         if given:
             assert y is out[0] and sf is out[1]
         assert layout(y) == layout(want[0]) and layout(sf) == layout(want[1])
-        expected = Recorder(pbcl.PerBlockCastLosslessVariant)
+        expected = RecordingTable(pbcl.PerBlockCastLosslessVariant)
         pbcl.launch(x[0], x[1], y, sf, inb, outb, packed, kernels=expected)
         assert [params_of(kernel, launch) for launch in launches] == expected.calls
     x = make_fp4(5, 288, inb, in_packed, in_col, "cpu")
@@ -275,7 +265,7 @@ def test_batched_transpose_weight_sf_plans(shapes, bs, given, bumps):
         assert trace(checks, *args) == (None, [])  # the checks alone: no allocation, no launch
         result, launches = trace(call, *args)
         assert type(result) is tuple and len(result) == n
-        expected = Recorder(btws.BatchedTransposeWeightSfVariant)
+        expected = RecordingTable(btws.BatchedTransposeWeightSfVariant)
         for (sf0, sf1), (w0, w1), s, flag, out in zip(result, want, sfs, flags, outs):
             if given:
                 assert sf0 is out[0] and sf1 is out[1]

@@ -13,6 +13,7 @@ import torch
 
 import tilebake
 from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
+from tests.plan_recording import RecordingTable
 from tilebake import config
 from tilebake._runtime import plan
 from tilebake._runtime.loader import _native
@@ -47,19 +48,6 @@ def check_launch(kernel, launches, want):
     assert got == want
     grid = eval(kernel.spec[2][0], {"min": min, "max": max}, got)
     assert launches[0][1] == (grid, 1, 1) and grid >= 1
-
-
-class Recorder(dict):
-    """A KernelTable stand-in: table[key](device, *args) records {name: arg} (the variant's
-    declared order) instead of launching, so a test can run the Python path's launch code."""
-
-    def __init__(self, variant_type):
-        super().__init__()
-        self.variant_type, self.calls = variant_type, []
-
-    def __missing__(self, key):
-        names = self.variant_type(*key).arg_names
-        return lambda device, *args: self.calls.append(dict(zip(names, args)))
 
 
 def assert_python_path_agrees(launches, kernel, recorder):
@@ -143,7 +131,7 @@ def test_per_token_cast_plan(dtype, fmt, option, stochastic, col_major, given):
         assert (layout(data), layout(sf)) == (layout(ref[0]), layout(ref[1]))
         check_launch(kernel, launches, ptc_want(kernel, x, data, sf, sf_mode, clamp, int(stochastic)))
         if kernel.variant.sf_mode in ("rne", "runtime"):  # launched by _per_token_cast_general.launch
-            table = Recorder(ptc.PerTokenCastVariant)
+            table = RecordingTable(ptc.PerTokenCastVariant)
             ptc.launch(table, x, IN[dtype], None, None, fmt, npc, data, sf, sf_mode, clamp, 1, hidden, int(stochastic))
             assert_python_path_agrees(launches, kernel, table)
         # a strided x (rows 16 bytes further apart) takes the plan too
@@ -185,7 +173,7 @@ def test_per_token_cast_with_sf_only_plan(option, fmt, col_major, given):
         sf, launches = trace(p, x, out_sf)
         assert layout(sf) == layout(ref) and (sf is out_sf or not given)
         check_launch(kernel, launches, ptc_want(kernel, x, None, sf, sf_mode, clamp))
-        table = Recorder(ptc.PerTokenCastVariant)
+        table = RecordingTable(ptc.PerTokenCastVariant)
         ptc.launch(table, x, IN[dtype], None, None, fmt, npc, None, sf, sf_mode, clamp, 0, hidden)
         assert_python_path_agrees(launches, kernel, table)
     assert trace(p, torch.randn(0, 64).to(dtype), None)[0] is NotImplemented
@@ -209,7 +197,7 @@ def test_per_token_cast_with_precomputed_sf_plan(dtype, fmt, given):
         data, launches = trace(p, x, sf, out)
         assert layout(data) == layout(ref) and (data is out or not given)
         check_launch(kernel, launches, ptc_want(kernel, x, data, sf, sf_mode, 0.0))
-        table = Recorder(ptc.PerTokenCastVariant)
+        table = RecordingTable(ptc.PerTokenCastVariant)
         ptc.launch(table, x, IN[dtype], None, None, fmt, npc, data, sf, sf_mode, 0.0, 1, hidden)
         assert_python_path_agrees(launches, kernel, table)
         # the SF may be a column slice of a wider one (any row stride), not column-major
@@ -242,7 +230,7 @@ def pbc_want(x, data, sf, mode, round_sf, packed, fmt):
 @pytest.mark.parametrize("given", [False, True])
 def test_per_block_cast_plans(fmt, block, option, col_major, given, monkeypatch):
     """per_block_cast and _with_sf_only (a float32 x), _with_precomputed_sf (bf16)."""
-    table = Recorder(pbc.PerBlockCastVariant)
+    table = RecordingTable(pbc.PerBlockCastVariant)
     monkeypatch.setattr(pbc, "_KERNELS", table)
     round_sf, packed, _ = SF_OPTIONS[option]
     clamp = config.get_amax_clamp_for_quant(fmt, False)
@@ -370,11 +358,11 @@ def test_no_plan_is_remembered_without_the_exchange_api(monkeypatch):
     """A key without a plan stays out of the cache: the fast path hands what it finds to plan.run,
     which takes only plans."""
     cache = {}
-    plans.remember(cache, ("k",), lambda: "a plan")
-    plans.remember(cache, ("k", []), lambda: pytest.fail("an unhashable key"))
+    plan.remember(cache, ("k",), lambda: "a plan")
+    plan.remember(cache, ("k", []), lambda: pytest.fail("an unhashable key"))
     assert cache == {("k",): "a plan"}
     monkeypatch.setattr(plan, "available", lambda: False)
-    plans.remember(cache, ("other",), lambda: pytest.fail("built"))
+    plan.remember(cache, ("other",), lambda: pytest.fail("built"))
     assert ("other",) not in cache
     assert _native().run(None, torch.ones(4)) is NotImplemented  # where another op stored None
 

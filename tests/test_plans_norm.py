@@ -377,7 +377,6 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
     dtype = torch.bfloat16
     x, w, r = make_x((33, 256), dtype), torch.randn(256).to(dtype), make_x((33, 256), dtype)
     fw = ManifestKernel(nf.NormForwardVariant("bf16", True, False))
-    cast = ManifestKernel(nf.NormForwardCastVariant("bf16", True, True, 32))
     bw = ManifestKernel(nb.NormBackwardVariant("bf16", True, False))
     caches = {name: _Lookups() for name in ("fw", "cast", "bw")}
     monkeypatch.setattr(nf, "_FORWARD_PLANS", caches["fw"])

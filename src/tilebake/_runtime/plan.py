@@ -305,6 +305,30 @@ def build_if_available(make, *args):
     return make(*args) if available() else None
 
 
+# Plans bake in scalar arguments (eps, scaling factors): a caller varying one per call would build
+# a plan per value, so past MAX_PLANS keys a cache takes no new ones (those calls: the Python path).
+MAX_PLANS = 64
+
+
+def remember(plans: dict, key, make, *args) -> None:
+    """plans[key] = make(*args), once per key, where torch has the exchange API and the cache has
+    room; an unhashable key gets none. What an op's Python path calls after its launches."""
+    try:
+        if key in plans or len(plans) >= MAX_PLANS:
+            return
+    except TypeError:
+        return
+    built = build_if_available(make, *args)
+    if built is not None:
+        plans[key] = built
+
+
+def bump(*tensors) -> None:
+    """Count a kernel's writes into given tensors (Nones skipped), as torch's in-place and out= ops
+    do (a plan's Builder.bump does the same)."""
+    torch.autograd.graph.increment_version([t for t in tensors if t is not None])
+
+
 def run(plan, *args):
     """run(plan, *args): the op's result, or NotImplemented (take the Python path). The native
     function itself once a plan is built (ops call it as `plan.run`: no Python frame between)."""

@@ -138,7 +138,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     if x.dtype not in _PLANS and x.shape[0] and x.shape[1] and x.dtype in PLAN_DTYPES:
         from tilebake.moe._plans_mapping import expand_plan
 
-        _PLANS[x.dtype] = plan.build_if_available(expand_plan, _KERNELS[False,], x.get_device(), x.dtype)
+        plan.remember(_PLANS, x.dtype, expand_plan, _KERNELS[False,], x.get_device(), x.dtype)
     return out
 
 
@@ -197,7 +197,8 @@ def expand_to_fused_with_sf(
     if isinstance(use_tma_aligned_col_major_sf, bool) and plan_key not in _SF_PLANS and data.shape[0] and data.shape[1]:
         from tilebake.moe._plans_mapping import expand_with_sf_plan
 
-        _SF_PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _SF_PLANS, plan_key,
             expand_with_sf_plan, _KERNELS[True,], data.get_device(), data.dtype, sf.dtype, num_per_channels,
             bool(use_tma_aligned_col_major_sf),
         )  # fmt: skip

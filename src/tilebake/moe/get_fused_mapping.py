@@ -139,7 +139,8 @@ def get_fused_mapping(
 
         wide = "_wide" if num_experts > FAST_MAX_EXPERTS else ""
         kernels = (_KERNELS["count" + wide,], _KERNELS["scan",], _KERNELS["scatter" + wide,])
-        _PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _PLANS, plan_key,
             fused_mapping_plan, kernels, topk_idx.get_device(), num_experts, num_expanded_tokens, alignment
         )
     return result

@@ -192,7 +192,8 @@ def moe_topk_gate_backward(
 
         num_experts = scores.shape[1]
         kernel = _KERNELS[(next(m for m in MAX_EXPERTS if num_experts <= m),)]
-        _PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _PLANS, plan_key,
             backward_plan, kernel, scores.get_device(), num_experts, scaling, SCORING_CODES[scoring_func],
             mask is not None, grad_scores_sum is not None, out is not None,
         )  # fmt: skip

@@ -280,7 +280,8 @@ def _build_plan(plan_key, device, optional, k, shared, given_out) -> None:
     num_experts, scoring_func = plan_key[:2]
     rsf, ep_rank, num_groups, num_topk_groups = plan_key[8], plan_key[10], plan_key[12], plan_key[14]
     present = {name for (name, _), t in zip(FORWARD_OPTIONAL, optional) if t is not None}
-    _PLANS[plan_key] = plan.build_if_available(
+    plan.remember(
+        _PLANS, plan_key,
         forward_plan, _KERNELS[(scoring_func, expert_bound(num_experts))], device, num_experts, k, shared,
         float(rsf), ep_rank, num_groups, num_topk_groups, present, given_out,
     )  # fmt: skip

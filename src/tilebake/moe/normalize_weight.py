@@ -82,7 +82,7 @@ def _normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.T
         from tilebake.moe._plans_gate import normalize_weight_plan
 
         kernel = _KERNELS[("fp32",)]
-        _PLANS[topk_weights.dtype] = plan.build_if_available(normalize_weight_plan, kernel, topk_weights.get_device())
+        plan.remember(_PLANS, topk_weights.dtype, normalize_weight_plan, kernel, topk_weights.get_device())
     return denominator, normalized
 
 

@@ -142,7 +142,8 @@ def reduce_fused(
     if plan_key not in _PLANS:
         from tilebake.moe._plans_mapping import reduce_plan
 
-        _PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _PLANS, plan_key,
             reduce_plan, _KERNELS[FORMAT_NAMES[data.dtype], FORMAT_NAMES[out_dtype]], data.get_device(), data.dtype,
             out_dtype, topk_weights is not None, x_sf is not None, sf is not None, given_out,
         )  # fmt: skip

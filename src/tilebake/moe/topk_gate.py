@@ -122,7 +122,7 @@ def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
         from tilebake.moe._plans_gate import topk_gate_plan
 
         kernel = _KERNELS[(experts_bucket(scores.shape[1]),)]
-        _PLANS[plan_key] = plan.build_if_available(topk_gate_plan, kernel, scores.get_device(), *plan_key[:2])
+        plan.remember(_PLANS, plan_key, topk_gate_plan, kernel, scores.get_device(), *plan_key[:2])
     return out
 
 

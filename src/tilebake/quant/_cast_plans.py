@@ -14,24 +14,6 @@ import torch
 from tilebake._runtime import plan
 
 
-def remember(plans: dict, key, make, *args) -> None:
-    """plans[key] = make(*args), once per key. None is never stored (the fast path would hand it
-    to plan.run): without the exchange API, and for a key of unhashable arguments, calls stay on
-    the Python path."""
-    try:
-        if key in plans:
-            return
-    except TypeError:
-        return
-    built = plan.build_if_available(make, *args)
-    if built is not None:
-        plans[key] = built
-
-
-def bump(*tensors) -> None:
-    """Count the kernel's writes into given tensors (the Nones skipped), as torch's out= ops do
-    and the plans do (Builder.bump): autograd then sees them modified."""
-    torch.autograd.graph.increment_version([t for t in tensors if t is not None])
 
 
 _DATA = {"e4m3": (torch.float8_e4m3fn, "H"), "e2m1": (torch.int8, "H // 2")}  # fmt -> dtype, columns

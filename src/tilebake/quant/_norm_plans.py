@@ -18,28 +18,8 @@ from tilebake.quant._common import FLOAT_FORMATS
 from tilebake.utils import align
 
 
-# eps and out_scale are baked into the plans, so a caller varying them per call would build a
-# plan per value: past MAX_PLANS keys an op, new keys stay on the Python path.
-MAX_PLANS = 64
 
 
-def remember_plan(plans: dict, key: tuple, make, *args) -> None:
-    """plans[key] = make(*args) (where torch has the exchange API) once per key, for at most
-    MAX_PLANS keys; a key with an unhashable argument gets none."""
-    try:
-        if key in plans or len(plans) >= MAX_PLANS:
-            return
-    except TypeError:
-        return
-    plans[key] = plan.build_if_available(make, *args)
-
-
-def count_writes(*tensors) -> None:
-    """Bump the version counters of the given tensors (None: skipped) a kernel wrote, as
-    torch's out= ops do (the plans: Builder.bump)."""
-    for t in tensors:
-        if t is not None:
-            torch.autograd.graph.increment_version(t)
 
 
 def _shape(ndim: int, last: str = "H") -> tuple:

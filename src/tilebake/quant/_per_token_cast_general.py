@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from tilebake import config
+from tilebake._runtime import plan
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
@@ -226,12 +227,12 @@ def general(
             int(stochastic_cast),
         )  # fmt: skip
         if out is not None:  # written in place, as by torch's out= ops
-            plans.bump(*out)
+            plan.bump(*out)
         if x_sf is None and (out is None or given):  # a plain input (the fast path's key reads x.dtype)
             plan_key = (x.dtype, fmt, num_per_channels, None, col_major, round_sf, use_packed_ue8m0, use_e4m3_sf,
                         stochastic_cast, out is None)  # fmt: skip
             kernel = kernels[variant_key(in_dtype, fmt, num_per_channels, sf_mode, 1, int(stochastic_cast))]
-            plans.remember(
+            plan.remember(
                 plans_cache, plan_key, plans.per_token_plan, kernel, x.get_device(), x.dtype, fmt, num_per_channels,
                 sf.dtype, sf_mode == SF_UE8M0, col_major, given, clamp, plans.CAST, sf_mode, int(stochastic_cast),
             )  # fmt: skip

@@ -175,7 +175,8 @@ def batched_transpose_weight_sf(
     if 1 <= len(sf) <= MAX_PLANNED and (not outs_given or fully):
         key = _plan_key(sf, block_size, transpose_sf1s, outs if outs_given else None)
         if key not in _PLANS:
-            _PLANS[key] = plan.build_if_available(
+            plan.remember(
+                _PLANS, key,
                 _plans, _KERNELS["fp32",], sf[0].get_device(), block_size, tuple(s.dim() for s in sf),
                 tuple(transpose_sf1s), outs_given,
             )  # fmt: skip

@@ -103,7 +103,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         check_aligned(x_ptr, "x")
     _KERNELS[src, dst](x.get_device(), x_ptr, out.data_ptr(), numel // 4)
     if 1 <= x.ndim <= 6:  # the plans' rank limit
-        plans.remember(
+        plan.remember(
             _PLANS, (x.dtype, dtype, True, x.ndim), plans.stochastic_cast_plan, _KERNELS[src, dst], x.get_device(),
             x.dtype, dtype, x.ndim,
         )  # fmt: skip

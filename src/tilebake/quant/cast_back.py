@@ -167,7 +167,8 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     if type(x) is tuple and type(x_block_size) is tuple:  # the plan's arguments and key must be hashable tuples
         plan_key = (fmt, x_block_size, x_special_fmt, data.dtype, sf.dtype)
         if plan_key not in _PLANS:
-            _PLANS[plan_key] = plan.build_if_available(
+            plan.remember(
+                _PLANS, plan_key,
                 _plan, _KERNELS[in_fmt, fmt, sf_kind, block_k == 1], data.get_device(), data.dtype, sf.dtype, fmt,
                 block_m, block_k,
             )  # fmt: skip

@@ -149,7 +149,7 @@ def norm_backward(
         plan_key = (x.dtype, weight is None, residual_out_grad is None, out_scale_arg, out_scale_arg.__class__,
                     weight_grad is None)  # fmt: skip
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual_out_grad is not None)
-        _norm_plans.remember_plan(
+        plan.remember(
             _PLANS, plan_key, _norm_plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, *key[1:],
             out_scale, weight_grad.dtype if weight_grad is not None else None, config.get_num_sms(),
         )  # fmt: skip

@@ -192,7 +192,7 @@ def forward_params(has_weight: bool, has_residual: bool, quant: bool):
 
 _FORWARD_KERNELS = KernelTable(NormForwardVariant)
 _CAST_KERNELS = KernelTable(NormForwardCastVariant)
-# Call plans by call key (_norm_plans.py: built by remember_plan, at most MAX_PLANS keys an op).
+# Call plans by call key (_norm_plans.py builds them; plan.remember keeps at most plan.MAX_PLANS an op).
 _FORWARD_PLANS = plan.cache()
 _CAST_PLANS = plan.cache()
 
@@ -311,10 +311,10 @@ def norm_forward(
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
     _launch_forward(_FORWARD_KERNELS, x, weight, eps, residual, out_scale, out, residual_out, rstd)
-    _norm_plans.count_writes(out if given_out else None, residual_out if given_ro else None)
+    plan.bump(out if given_out else None, residual_out if given_ro else None)
     if x.numel():
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None)
-        _norm_plans.remember_plan(
+        plan.remember(
             _FORWARD_PLANS, plan_key, _norm_plans.forward_plan, _FORWARD_KERNELS[key], x.get_device(), x.dtype,
             x.dim(), *key[1:], eps, out_scale, given_out, given_ro, bool(with_rstd),
         )  # fmt: skip
@@ -546,11 +546,11 @@ def norm_forward_and_per_token_cast(
         MM=(mega_moe_sf if mega_moe_sf is not None else sf).data_ptr(), mm_rows=mega_rows,
         mega_block_m=mega_moe_block_m, mega_aligned_block_m=align(mega_moe_block_m, 128),
     )  # fmt: skip
-    _norm_plans.count_writes(*given)
+    plan.bump(*given)
     # A plan for out=None and out= fully given; with either part None, the Python path.
     if x.numel() and plan_out:
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual is not None, num_per_channels)
-        _norm_plans.remember_plan(
+        plan.remember(
             _CAST_PLANS, plan_key, _norm_plans.cast_plan, _CAST_KERNELS[key], x.get_device(), x.dtype, x.dim(),
             *key[1:3], eps, out_scale, num_per_channels, bool(use_tma_aligned_col_major_sf), bool(round_sf),
             bool(use_packed_ue8m0), bool(with_out_bf16), out is not None, given_bf16, given_ro,

@@ -131,7 +131,7 @@ def _launch(key, mode, x, data, sf, fmt, round_sf, packed) -> bool:
 
 def _remember(plans_cache, plan_key, key, mode, x, fmt, round_sf, packed, col_major, given, form) -> None:
     """The call's plan, built once per key after its launch (given: out= was given whole)."""
-    plans.remember(
+    plan.remember(
         plans_cache, plan_key, plans.per_block_plan, _KERNELS[key], x.get_device(), x.dtype, fmt, key[2], key[3],
         packed, col_major, given, config.get_amax_clamp_for_quant(fmt, False), mode, round_sf, form,
     )  # fmt: skip
@@ -232,7 +232,7 @@ def per_block_cast(
     if not _launch(key, _MODE_CAST, x, data, sf, fmt, round_sf, use_packed_ue8m0):
         return data, sf
     if out is not None:  # written in place, as by torch's out= ops
-        plans.bump(*out)
+        plan.bump(*out)
     if out is None or given:
         plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out is None, bool, bool, bool)
         _remember(_PLANS, plan_key, key, _MODE_CAST, x, fmt, round_sf, use_packed_ue8m0, col, given, plans.CAST)
@@ -273,7 +273,7 @@ def per_block_cast_with_sf_only(
         sf = alloc_sf(x, num_row_blocks, num_groups, use_packed_ue8m0, use_tma_aligned_col_major_sf)
     if _launch(key, _MODE_SF_ONLY, x, None, sf, fmt, round_sf, use_packed_ue8m0):
         if out_sf is not None:
-            plans.bump(out_sf)
+            plan.bump(out_sf)
         col = use_tma_aligned_col_major_sf
         plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out_sf is None, bool, bool, bool)
         _remember(
@@ -328,7 +328,7 @@ def per_block_cast_with_precomputed_sf(
     data = out if out is not None else x.new_empty(shape, dtype=dtype)
     if _launch(key, _MODE_PRECOMPUTED, x, data, sf, fmt, False, False):
         if out is not None:
-            plans.bump(out)
+            plan.bump(out)
         col = use_tma_aligned_col_major_sf
         plan_key = (x.dtype, fmt, block_size, col, round_sf, use_packed_ue8m0, out is None, bool, bool, bool)
         _remember(

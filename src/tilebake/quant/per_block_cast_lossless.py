@@ -200,7 +200,8 @@ def per_block_cast_lossless(
         key = _plan_key(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                         check, out)  # fmt: skip
         if key is not None and key not in _PLANS:
-            _PLANS[key] = plan.build_if_available(
+            plan.remember(
+                _PLANS, key,
                 _plan, _KERNELS["e4m3",], data.get_device(), data.dtype, sf_in.dtype, (bm_in, bk_in), (bm, bk),
                 use_tma_aligned_col_major_sf, use_packed_ue8m0, out is not None,
             )  # fmt: skip

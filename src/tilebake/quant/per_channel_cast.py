@@ -178,7 +178,7 @@ def per_channel_cast(
     )  # fmt: skip
     if sf_in is None:
         _KERNELS[in_dtype, num_per_tokens](data_in.get_device(), *args)
-        plans.remember(
+        plan.remember(
             _PLANS, (x.dtype, fmt, num_per_tokens, round_sf, None, use_packed_ue8m0, bool, bool),
             plans.per_channel_plan, _KERNELS[in_dtype, num_per_tokens], data_in.get_device(), x.dtype, num_per_tokens,
             round_sf, use_packed_ue8m0, config.get_amax_clamp_for_quant("e4m3", False),

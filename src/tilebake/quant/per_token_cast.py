@@ -266,11 +266,11 @@ def per_token_cast(
         num_tokens, hidden, x.stride(0), data.stride(0), sf_stride_t, sf_stride_g,
     )  # fmt: skip
     if out is not None:  # written in place, as by torch's out= ops
-        plans.bump(*out)
+        plan.bump(*out)
     if out is None or (out[0] is not None and out[1] is not None):
         plan_key = (x.dtype, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
                     use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out is None)  # fmt: skip
-        plans.remember(
+        plan.remember(
             _PLANS, plan_key, plans.per_token_plan, _KERNELS[key], x.get_device(), x.dtype, "e4m3", num_per_channels,
             sf.dtype, use_packed_ue8m0, use_tma_aligned_col_major_sf, out is not None,
             config.get_amax_clamp_for_quant("e4m3", False),
@@ -328,11 +328,11 @@ def per_token_cast_with_sf_only(
     if num_tokens:
         launch(_KERNELS, data_in, in_dtype, None, None, fmt, num_per_channels, None, sf, sf_mode, clamp, 0, hidden)
         if out_sf is not None:
-            plans.bump(out_sf)
+            plan.bump(out_sf)
         plan_key = (x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                     use_e4m3_sf, out_sf is None)  # fmt: skip
         kernel = _KERNELS[variant_key(in_dtype, fmt, num_per_channels, sf_mode, 0, 0)]
-        plans.remember(
+        plan.remember(
             _SF_ONLY_PLANS, plan_key, plans.per_token_plan, kernel, x.get_device(), x.dtype, fmt, num_per_channels,
             sf.dtype, sf_mode == SF_UE8M0, use_tma_aligned_col_major_sf, out_sf is not None, clamp, plans.SF_ONLY,
             sf_mode,
@@ -395,11 +395,11 @@ def per_token_cast_with_precomputed_sf(
     if num_tokens:
         launch(_KERNELS, data_in, in_dtype, None, None, fmt, num_per_channels, data, sf, SF_PRECOMPUTED, 0.0, 1, hidden)
         if out is not None:
-            plans.bump(out)
+            plan.bump(out)
         plan_key = (x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                     use_e4m3_sf, out is None)  # fmt: skip
         kernel = _KERNELS[variant_key(in_dtype, fmt, num_per_channels, SF_PRECOMPUTED, 1, 0)]
-        plans.remember(
+        plan.remember(
             _PRECOMPUTED_PLANS, plan_key, plans.per_token_plan, kernel, x.get_device(), x.dtype, fmt,
             num_per_channels, torch.float32, False, False, out is not None, 0.0, plans.PRECOMPUTED, SF_PRECOMPUTED,
         )  # fmt: skip

@@ -118,7 +118,8 @@ def per_token_cast_and_cast_back(
     _KERNELS[key](x.get_device(), x_ptr, amax_clamp, int(round_sf), int(use_e4m3_sf), num_tokens, hidden, x.stride(0))
     plan_key = (x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf)
     if plan_key not in _PLANS:
-        _PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _PLANS, plan_key,
             _plan, _KERNELS[key], x.get_device(), x.dtype, amax_clamp, round_sf, use_e4m3_sf
         )
     return None

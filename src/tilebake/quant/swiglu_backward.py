@@ -222,7 +222,8 @@ def swiglu_backward(
         plan_key = (x.dtype, fmt, psum is None, topk_weights is None, routed_scaling_factor,
                     routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, do_recompute)  # fmt: skip
         if bools(do_recompute) and plan_key not in _PLANS:
-            _PLANS[plan_key] = plan.build_if_available(
+            plan.remember(
+                _PLANS, plan_key,
                 _plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, out_dtype, psum is not None,
                 topk_weights is not None, scale, clamp, do_recompute,
             )  # fmt: skip
@@ -335,7 +336,8 @@ def swiglu_backward_and_per_token_cast(
         plan_key = (act_x_grad.dtype, fmt, num_per_channels, psum is None, topk_weights is None, routed_scaling_factor,
                     routed_scaling_factor.__class__, *flags[:3], clamp_value, clamp_value.__class__, do_recompute)
         if bools(*flags) and plan_key not in _CAST_PLANS:
-            _CAST_PLANS[plan_key] = plan.build_if_available(
+            plan.remember(
+                _CAST_PLANS, plan_key,
                 _plans.backward_cast_plan, _KERNELS[key], data.get_device(), act_x_grad.dtype, int(num_per_channels),
                 psum is not None, topk_weights is not None, scale, clamp, use_tma_aligned_col_major_sf,
                 use_packed_ue8m0, do_recompute,

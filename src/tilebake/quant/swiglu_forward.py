@@ -265,7 +265,8 @@ def swiglu_forward(
         plan_key = (x.dtype, fmt, psum_num_tokens_per_expert is None, topk_weights is None, routed_scaling_factor,
                     routed_scaling_factor.__class__, clamp_value, clamp_value.__class__, True)  # fmt: skip
         if plan_key not in _PLANS:
-            _PLANS[plan_key] = plan.build_if_available(
+            plan.remember(
+                _PLANS, plan_key,
                 _plans.forward_plan, _KERNELS[key], x.get_device(), x.dtype, y.dtype,
                 psum_num_tokens_per_expert is not None, topk_weights is not None, scale, clamp,
             )  # fmt: skip
@@ -348,7 +349,8 @@ def swiglu_forward_and_per_token_cast(
                     routed_scaling_factor, routed_scaling_factor.__class__, use_tma_aligned_col_major_sf, round_sf,
                     use_packed_ue8m0, clamp_value, clamp_value.__class__, True)  # fmt: skip
         if plan_key not in _CAST_PLANS:
-            _CAST_PLANS[plan_key] = plan.build_if_available(
+            plan.remember(
+                _CAST_PLANS, plan_key,
                 _plans.forward_cast_plan, _KERNELS[key], x.get_device(), x.dtype, int(num_per_channels),
                 psum_num_tokens_per_expert is not None, topk_weights is not None, scale, clamp,
                 use_tma_aligned_col_major_sf, use_packed_ue8m0,

@@ -173,7 +173,8 @@ def apply_rotary(
     elif plan_key[-1] is int and seqlen_offset == 0 and query.numel() and plan_key not in _PLANS:
         from tilebake.transform._plans_apply_rotary import rotary_plan
 
-        _PLANS[plan_key] = plan.build_if_available(
+        plan.remember(
+            _PLANS, plan_key,
             rotary_plan, _KERNELS[FLOAT_FORMATS[query.dtype], query.shape[-1]], query.get_device(), query.dtype,
             query.dim(), query.shape[-1], key is not None, None if positions is None else positions.dtype,
             interleaved, conjugate,
