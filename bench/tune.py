@@ -28,6 +28,7 @@ def _variants(op):
             dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="fp32"),
             dict(in_dtype="bf16", fmt="e2m1", num_per_channels=16, sf_mode="rne"),
             dict(in_dtype="bf16", fmt="e4m3", num_per_channels=128, sf_mode="runtime"),  # timed with SR on
+            dict(in_dtype="fp32", fmt="e4m3", num_per_channels=128, sf_mode="fp32"),
         ],
         "cast_back": [
             dict(in_fmt="e4m3", out_dtype="bf16", sf_kind="fp32", per_channel=False),
@@ -142,9 +143,10 @@ def _setup(op, key, t, h):
             t * h * 3 + t * (h // 128) * 4,
         )
     if op == "per_token_cast":
+        in_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[key["in_dtype"]]
 
         def make():
-            x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
+            x = torch.randn(t, h, device="cuda").to(in_dtype)
             return (
                 x,
                 torch.empty(t, h, dtype=torch.float8_e4m3fn, device="cuda"),
@@ -164,7 +166,7 @@ def _setup(op, key, t, h):
                     [t.view(torch.uint8).flatten() for t in tilebake.quant.per_token_cast(x, "e4m3", 128)]
                 )
             ),
-            t * h * 3 + t * (h // 128) * 4,
+            t * h * (1 + in_dtype.itemsize) + t * (h // 128) * 4,
         )
     if op == "cast_back":
         e2m1 = key["in_fmt"] == "e2m1"

@@ -62,6 +62,21 @@ def test_allocates_and_returns_the_structure():
     assert y.shape == (3, 8) and y.dtype == torch.float32 and y.is_contiguous() and y.device == x.device
 
 
+
+def test_repeated_shapes_allocate_fresh_contiguous_tensors():
+    """From the second call of a shape on, outputs come from torch.empty_like of a cached
+    one-element template: each call still gets its own contiguous tensor of the call's shape,
+    and a shape change (or an empty output) allocates as the first call did."""
+    p = _one_tensor_plan()
+    outs = []
+    for rows in (3, 3, 3, 3, 5, 5, 3, 1, 1, 0, 0, 2):
+        (y, _, _), _ = trace(p, torch.randn(rows, 64).bfloat16())
+        assert y.shape == (rows, 8) and y.dtype == torch.float32 and y.is_contiguous()
+        assert y.stride() == (8, 1) and not y.requires_grad
+        outs.append(y)
+    storages = [y.untyped_storage().data_ptr() for y in outs if y.numel()]
+    assert len(set(storages)) == len(storages)  # no two outputs share memory
+
 @pytest.mark.parametrize(
     "arg",
     [
@@ -108,7 +123,7 @@ def test_without_the_exchange_api_no_plan_is_built(monkeypatch):
         pass
 
     with pytest.raises(AttributeError):
-        _native().plan(b"", (), (), None, NoCapsule, NoCapsule, ())
+        _native().plan(b"", (), (), None, NoCapsule, NoCapsule, (), None)
     monkeypatch.setattr(plan, "available", lambda: False)
     assert plan.build_if_available(lambda: pytest.fail("built")) is None
 

@@ -66,17 +66,25 @@ DEFAULT_CONFIG = LaunchConfig(threads=128, threads_per_row=64, rows_per_thread=2
 # column-major) 86.0 / 85.9 us against 86.8 / 86.7 for the byte-store kernel at DEFAULT_CONFIG
 # and 87.1 / 87.0 for word stores at DEFAULT_CONFIG.
 UE8M0_CONFIG = LaunchConfig(threads=64, threads_per_row=64, rows_per_thread=2, elems_per_thread=16)
+# fp32 input, plain SF: 8 warps, 128 threads a row, one row a thread. In the H200 sweep of
+# bench/tune.py (bench/results/2026-12-01-NVIDIA-H200/session3/call1/tune_ptc.log) 137.5 / 37.6 / 37.2 us at
+# 16384 x 7168 / 4096 x 7168 / 4096 x 4096 against DEFAULT_CONFIG's 138.0 / 39.2 / 37.4; every
+# config of 8 or 16 elements a thread lies within 137.3-139.2 us at 16384 x 7168 (the copy roofline).
+FP32_IN_CONFIG = LaunchConfig(threads=256, threads_per_row=128, rows_per_thread=1, elems_per_thread=16)
 
 
 def candidate_configs():
     """The search space `python bench/tune.py build|run DIR per_token_cast` times on a GPU."""
-    return [
+    sixteen = [
         LaunchConfig(t, tpr, r, 16)  # 16 elements a thread (the runtime and e2m1 kernels' only width)
         for t in (64, 128, 256)
         for tpr in (32, 64, 128)
         for r in (1, 2, 4)
         if tpr <= t
     ]
+    # Other widths, for the plain kernels (fp32 input: 8 elements = two 16-byte loads a row, 32 = eight).
+    others = [LaunchConfig(t, tpr, r, e) for e in (8, 32) for t in (64, 128, 256) for tpr in (32, 64) for r in (2, 4)]
+    return sixteen + others
 
 
 @T.macro
@@ -109,6 +117,8 @@ def build(v: PerTokenCastVariant, cfg: LaunchConfig = DEFAULT_CONFIG):
         return build_e2m1_rne(v, E2M1_CONFIG if cfg is DEFAULT_CONFIG else cfg)
     if v.sf_mode == "ue8m0" and cfg is DEFAULT_CONFIG:
         cfg = UE8M0_CONFIG
+    if v.sf_mode == "fp32" and v.in_dtype == "fp32" and cfg is DEFAULT_CONFIG:
+        cfg = FP32_IN_CONFIG
     assert v.fmt == "e4m3" and v.in_dtype in ("bf16", "fp32"), v
     round_sf, packed_ue8m0 = v.sf_mode in ("round", "ue8m0"), v.sf_mode == "ue8m0"
     in_dtype = TL_DTYPES[v.in_dtype]

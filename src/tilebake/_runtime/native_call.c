@@ -5,8 +5,8 @@
  * 64-bit words (opcodes below), float constants and one kernel resolver per kernel launched.
  * Tensors are read through torch's DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__,
  * DLPack 1.3: a non-owning DLTensor view, torch's current stream); outputs are the first
- * tensor's new_empty (torch's own allocation: the exchange API's allocator hands out tensors whose
- * memory record_stream does not track). Any argument the plan does not expect (another
+ * tensor's new_empty, or torch.empty_like of a cached template (torch's own allocation: the
+ * exchange API's allocator hands out tensors whose memory record_stream does not track). Any argument the plan does not expect (another
  * dtype, shape, stride, device, a tensor subclass, a failed allocation) makes run() return
  * NotImplemented without side effects: the caller then takes the Python path, which raises
  * the op's own typed error or handles the case. Driver errors raise CudaDriverError.
@@ -25,16 +25,18 @@ static void plan_free(PyObject *capsule) {
   Py_XDECREF(p->tensor_type);
   Py_XDECREF(p->param_type);
   Py_XDECREF(p->alloc_kwargs);
+  Py_XDECREF(p->empty_like);
+  for (int s = 0; s < MAX_SLOTS; ++s) Py_XDECREF(p->templates[s].expanded);
   free(p);
 }
 
-/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type, param_type, alloc_kwargs) -> capsule */
+/* plan(code: bytes, floats: tuple, resolvers: tuple, bump, tensor_type, param_type, alloc_kwargs, empty_like) -> capsule */
 PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   char *bytes;
   Py_ssize_t nbytes;
-  if (nargs != 7 || !PyTuple_Check(args[6]) || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
+  if (nargs != 8 || !PyTuple_Check(args[6]) || PyBytes_AsStringAndSize(args[0], &bytes, &nbytes) < 0 || nbytes % 8 || !PyTuple_Check(args[1]) ||
       !PyTuple_Check(args[2]) || PyTuple_Size(args[2]) > MAX_KERNELS) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type, param_type, alloc_kwargs)");
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "plan(code, floats, resolvers, bump, tensor_type, param_type, alloc_kwargs, empty_like)");
     return NULL;
   }
   PyObject *capsule_obj = PyObject_GetAttrString(args[4], "__dlpack_c_exchange_api__");
@@ -62,6 +64,8 @@ PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   Py_INCREF(args[4]), p->tensor_type = args[4];
   Py_INCREF(args[5]), p->param_type = args[5];
   Py_INCREF(args[6]), p->alloc_kwargs = args[6];
+  Py_INCREF(args[7]), p->empty_like = args[7];
+  for (int s = 0; s < MAX_SLOTS; ++s) p->templates[s].device = -1;
   PyObject *capsule = PyCapsule_New(p, "tilebake.plan", plan_free);
   if (!capsule || PyErr_Occurred()) return Py_XDECREF(capsule), NULL; /* plan_free ran if created */
   return capsule;

@@ -59,27 +59,79 @@ static int read_tensor(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs
   return 0;
 }
 
+/* The template of slot s for this call's shape (AllocTemplate), made on the second call in a row
+ * with that shape, or NULL (borrowed). */
+static PyObject *alloc_template(Plan *p, Call *c, const int64_t *a, PyObject *kwargs) {
+  int64_t s = a[0], ndim = a[2];
+  AllocTemplate *t = &p->templates[s];
+  int same = t->device == c->device && t->dtype == a[1] && t->ndim == ndim;
+  for (int64_t d = 0; d < ndim; ++d) {
+    int64_t size = c->reg[a[3 + d]];
+    if (size <= 0) return NULL; /* empty outputs: new_empty (expand would give stride-0 strides) */
+    same = same && t->shape[d] == size;
+  }
+  if (same && t->expanded) return t->expanded;
+  Py_CLEAR(t->expanded);
+  if (!same) { /* a new shape: remember it; a template only if it comes again */
+    t->device = c->device, t->dtype = a[1], t->ndim = ndim;
+    for (int64_t d = 0; d < ndim; ++d) t->shape[d] = c->reg[a[3 + d]];
+    return NULL;
+  }
+  PyObject *ones = PyTuple_New(ndim), *sizes = PyTuple_New(ndim);
+  for (int64_t d = 0; ones && sizes && d < ndim; ++d) {
+    PyTuple_SetItem(ones, d, PyLong_FromLong(1));
+    PyTuple_SetItem(sizes, d, PyLong_FromLongLong(t->shape[d]));
+  }
+  PyObject *method = ones && sizes ? PyObject_GetAttrString(c->like, "new_empty") : NULL;
+  PyObject *args = method ? PyTuple_Pack(1, ones) : NULL;
+  PyObject *one = args ? PyObject_Call(method, args, kwargs) : NULL;
+  t->expanded = one ? PyObject_CallMethod(one, "expand", "(O)", sizes) : NULL;
+  Py_XDECREF(one), Py_XDECREF(args), Py_XDECREF(method), Py_XDECREF(sizes), Py_XDECREF(ones);
+  if (!t->expanded) PyErr_Clear(), t->device = -1; /* new_empty then, and raises if it must */
+  return t->expanded;
+}
+
+static int contiguous(const DLTensor *t) {
+  int64_t expected = 1;
+  for (int32_t d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] != 1 && t->strides[d] != expected) return 0;
+    expected *= t->shape[d];
+  }
+  return 1;
+}
+
 static int allocate(Plan *p, Call *c, const int64_t *a) {
-  /* a: S dtype ndim R[ndim]. like.new_empty(shape, dtype=...) with like the call's first tensor:
-   * torch's own allocation (its caching allocator's block, so record_stream, memory stats and
-   * graph pools behave as for any torch tensor), on the call's device. */
+  /* a: S dtype ndim R[ndim]. A new contiguous tensor on the call's device: torch.empty_like of the
+   * slot's template, or like.new_empty(shape, dtype=...) with like the call's first tensor: torch's
+   * own allocation either way (its caching allocator's block, so record_stream, memory stats and
+   * graph pools behave as for any torch tensor). */
   int64_t s = a[0], ndim = a[2];
   PyObject *kwargs = PyTuple_GetItem(p->alloc_kwargs, a[1]);
-  if (!c->like || !kwargs) return bad_plan();
-  PyObject *shape = PyTuple_New(ndim);
-  for (int64_t d = 0; shape && d < ndim; ++d) {
-    int64_t size = c->reg[a[3 + d]];
-    if (size < 0) return Py_DECREF(shape), 1;
-    PyTuple_SetItem(shape, d, PyLong_FromLongLong(size));
+  if (!c->like || !kwargs || s < 0 || s >= MAX_SLOTS || ndim > MAX_DIMS) return bad_plan();
+  PyObject *tmpl = alloc_template(p, c, a, kwargs);
+  PyObject *t = tmpl ? PyObject_CallFunctionObjArgs(p->empty_like, tmpl, NULL) : NULL;
+  if (t && (p->api->view_of_py(t, &c->dl[s]) || !contiguous(&c->dl[s]))) { /* (never seen: a safeguard) */
+    Py_CLEAR(t);
+    Py_CLEAR(p->templates[s].expanded);
+    p->templates[s].device = -1;
   }
-  PyObject *method = shape ? PyObject_GetAttrString(c->like, "new_empty") : NULL;
-  PyObject *args = method ? PyTuple_Pack(1, shape) : NULL;
-  PyObject *t = args ? PyObject_Call(method, args, kwargs) : NULL;
-  Py_XDECREF(args);
-  Py_XDECREF(method);
-  Py_XDECREF(shape);
-  if (!t) return 1; /* e.g. out of memory: the Python path allocates again and raises torch's error */
-  if (p->api->view_of_py(t, &c->dl[s])) return Py_DECREF(t), 1;
+  if (!t) {
+    PyErr_Clear();
+    PyObject *shape = PyTuple_New(ndim);
+    for (int64_t d = 0; shape && d < ndim; ++d) {
+      int64_t size = c->reg[a[3 + d]];
+      if (size < 0) return Py_DECREF(shape), 1;
+      PyTuple_SetItem(shape, d, PyLong_FromLongLong(size));
+    }
+    PyObject *method = shape ? PyObject_GetAttrString(c->like, "new_empty") : NULL;
+    PyObject *args = method ? PyTuple_Pack(1, shape) : NULL;
+    t = args ? PyObject_Call(method, args, kwargs) : NULL;
+    Py_XDECREF(args);
+    Py_XDECREF(method);
+    Py_XDECREF(shape);
+    if (!t) return 1; /* e.g. out of memory: the Python path allocates again and raises torch's error */
+    if (p->api->view_of_py(t, &c->dl[s])) return Py_DECREF(t), 1;
+  }
   c->obj[s] = t;
   c->owned[s] = 1;
   return 0;

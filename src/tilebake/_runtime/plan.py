@@ -56,7 +56,9 @@ def available() -> bool:
     from tilebake._runtime.loader import _native
 
     try:
-        _native().plan(b"", (), (), torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter, ())
+        _native().plan(
+            b"", (), (), torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter, (), torch.empty_like
+        )
     except (AttributeError, RuntimeError, ValueError):
         return False
     return True
@@ -264,7 +266,7 @@ class Builder:
         alloc_kwargs = tuple({"dtype": dtype} for dtype in self.dtypes)
         return _native().plan(
             code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter,
-            alloc_kwargs,
+            alloc_kwargs, torch.empty_like,
         )  # fmt: skip
 
 
