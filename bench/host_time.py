@@ -4,8 +4,10 @@ output given (`out=` and friends) where the op takes them (GPU only).
 
     python bench/host_time.py [--name host_time]    # or through bench/bench.py
 
-Each case builds its inputs once; the timing is harness.host_us_per_call (a CPU-bound loop of
-calls, the kernels far shorter than the host work). get_fused_mapping is timed in its no-sync
+Each case builds its inputs once; the timing is harness.host_us_per_call (the CPU time of a
+loop of calls that never waits for the GPU); beside it, the op's GPU time per call at the same
+shape (harness.time_gpu: where it exceeds the host time, a loop of such calls is GPU-bound and
+the host time is hidden behind the kernels). get_fused_mapping is timed in its no-sync
 mode (force_no_sync=True) and, beside it, in its synchronising mode (one device-to-host copy).
 tests/test_bench_coverage.py fails when a public op has no case here.
 """
@@ -39,6 +41,7 @@ def _quant():
     blk = quant.per_block_cast(x, "e4m3", (128, 128))
     y, rstd, _ = quant.norm_forward(x, w, 1e-6, with_rstd=True)
     x2 = bf16(T, 2 * H)
+    q2 = quant.per_token_cast(x2, "e4m3", 128)
     psum = torch.tensor([T], dtype=torch.int32, device=DEVICE)
     tw = torch.rand(T, device=DEVICE)
     sfs = [torch.exp2(torch.randint(-20, 10, (1, H // 128), device=DEVICE).float())]
@@ -84,8 +87,7 @@ def _quant():
             lambda: quant.swiglu_forward_and_per_token_cast(x2, "e4m3", 128, psum, tw), None),
         "swiglu_backward": (lambda: quant.swiglu_backward(x2, x, "bf16"), None),
         "swiglu_backward_and_per_token_cast": (
-            lambda: quant.swiglu_backward_and_per_token_cast(quant.per_token_cast(x2, "e4m3", 128), x, "e4m3", 128),
-            None),
+            lambda: quant.swiglu_backward_and_per_token_cast(q2, x, "e4m3", 128), None),
     }
 
 
@@ -153,6 +155,7 @@ def measure() -> dict:
             if fn is not None:
                 us = harness.host_us_per_call(fn, ())
                 row[f"{label}_us"], row[f"{label}_ratio"] = us, us / mul
+        row["gpu_us"] = harness.time_gpu(lambda: (alloc or given)(), [()], reps=50)["median_us"]
         rows.append(row)
     return {"torch_mul_out_us": mul, "rows": rows}
 
@@ -160,12 +163,13 @@ def measure() -> dict:
 def markdown(result: dict) -> list[str]:
     mul = result["torch_mul_out_us"]
     lines = [f"Host time per call at T = {T}, H = {H} (us; x torch.mul(x, 2, out=y) = {mul:.2f} us, same run):", "",
-             "| op | outputs allocated | x torch.mul | outputs given / in place | x torch.mul |", "|---|---|---|---|---|"]  # fmt: skip
+             "| op | outputs allocated | x torch.mul | outputs given / in place | x torch.mul | GPU us per call |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
 
     def cell(row, label):
         return (f"{row[f'{label}_us']:.2f} | {row[f'{label}_ratio']:.2f}" if f"{label}_us" in row else "- | -")
 
-    lines += [f"| {r['op']} | {cell(r, 'allocated')} | {cell(r, 'given')} |" for r in result["rows"]]
+    lines += [f"| {r['op']} | {cell(r, 'allocated')} | {cell(r, 'given')} | {r['gpu_us']:.1f} |" for r in result["rows"]]
     return lines
 
 

@@ -6,9 +6,10 @@ One thread per output int32 word: row `row` (a row of the weight, or of its tran
 `w` (four bs-wide K blocks). Its four bytes are the fp32 exponent fields of the input scales
 [row >> log2(bs), 4w .. 4w+3] (zero past the last block). Reading the input through runtime
 strides makes the transposed layout (sf1) the same kernel with the strides swapped; rows vary
-fastest across threads, so the MN-major output is written coalesced. The host checks the
-scales are powers of two before the launch (not while a CUDA graph is captured, where it cannot
-sync); a bad scale that reaches the kernel becomes the UE8M0 NaN byte 0xFF.
+fastest across threads, so the MN-major output is written coalesced. A scale that is not a
+positive normal power of two (sign, mantissa bits, exponent 0 or 255) becomes the UE8M0 NaN byte
+0xFF and sets BAD[0] = 1 (BAD: an int32 the host zeroes before the launches and reads after
+them: one device-to-host copy, which raises ValueError; not while a CUDA graph is captured).
 """
 
 import tilelang.language as T
@@ -28,6 +29,7 @@ def build(v: BatchedTransposeWeightSfVariant):
     def batched_transpose_weight_sf_kernel(
         SF: T.Tensor((sf_len,), "float32"),  # extents nominal: addressed through the strides below
         OUT: T.Tensor((out_len,), "int32"),
+        BAD: T.Tensor((1,), "int32"),
         num_words_total: T.int32,  # groups x words x rows: the threads with work
         rows: T.int32,  # output rows (input row blocks x bs)
         words: T.int32,
@@ -54,18 +56,22 @@ def build(v: BatchedTransposeWeightSfVariant):
                 g = t // rows // words
                 word = T.alloc_var("int32")
                 word = 0
+                any_bad = T.alloc_var("int32")
+                any_bad = 0
                 for j in T.unroll(4):
                     c = w * 4 + j
                     if c < cols:
                         bits = T.reinterpret(
                             SF[g * in_stride_g + (row >> shift) * in_stride_r + c * in_stride_c], "int32"
                         )
-                        # A scale that is not a positive normal power of two (the host checks,
-                        # except under CUDA-graph capture) becomes 0xFF, UE8M0's NaN: never a
-                        # silently wrong scale.
+                        # Not a positive normal power of two: 0xFF, UE8M0's NaN, never a silently
+                        # wrong scale; and the host is told (BAD).
                         exponent = T.shift_right(bits, 23) & 255
-                        bad = (bits & T.int32(-2139095041)) != 0 or exponent == 0  # 0x807FFFFF: sign, mantissa
+                        bad = (bits & T.int32(-2139095041)) != 0 or exponent == 0 or exponent == 255  # 0x807FFFFF
                         word = word | T.shift_left(T.if_then_else(bad, 255, exponent), 8 * j)
+                        any_bad = any_bad | T.if_then_else(bad, 1, 0)
                 OUT[g * out_stride_g + row * out_stride_r + w * out_stride_w] = word
+                if any_bad != 0:
+                    BAD[0] = 1  # every writer stores the same value
 
     return batched_transpose_weight_sf_kernel

@@ -193,16 +193,25 @@ def test_gpu_outs_of_other_strides():
 
 
 @pytest.mark.gpu
-def test_gpu_rejects_non_power_of_two():
+@pytest.mark.parametrize("value", [0.75, float("inf"), float("nan"), -1.0, 0.0, 2.0**-127, 3.0 * 2.0**100])
+def test_gpu_rejects_non_power_of_two(value):
+    """The kernels flag the scale, the host reads the flag: from the Python path (first call) and
+    from the plan (second call, also with outs given), the error names the weight and the entry."""
+    good = make_sf((2, 3), "cuda")
     sf = make_sf((4, 8), "cuda")
-    sf[2, 3] = 0.75
-    with pytest.raises(ValueError, match="sf\\[0\\]\\[2, 3\\] = 0.75"):
-        tilebake.quant.batched_transpose_weight_sf([sf], 128, [True])
+    sf[2, 3] = value
+    outs = [None, tuple(torch.empty_like(t) for t in tilebake.torch.batched_transpose_weight_sf([sf.abs().clamp(min=1)], 32, [True])[0])]
+    for given in (None, None, outs, outs):
+        with pytest.raises(ValueError, match="sf\\[1\\]\\[2, 3\\] = "):
+            tilebake.quant.batched_transpose_weight_sf([good, sf], 32, [False, True], given)
+    ((w0, w1),) = tilebake.torch.batched_transpose_weight_sf([good], 32, [False])
+    (g0, g1), _ = tilebake.quant.batched_transpose_weight_sf([good, good], 32, [False, True])  # a good call still passes
+    assert_bytes_equal(g0, w0, "sf0")
 
 
 @pytest.mark.gpu
 def test_gpu_graph_capture_marks_a_bad_scale_as_nan():
-    """Under CUDA-graph capture the host check cannot sync: the kernel writes 0xFF (UE8M0 NaN)
+    """Under CUDA-graph capture the flag cannot be read back: the kernel writes 0xFF (UE8M0 NaN)
     for the bad scale's byte, and the right bytes everywhere else."""
     sf = make_sf((4, 8), "cuda")
     good = sf.clone()
@@ -211,7 +220,7 @@ def test_gpu_graph_capture_marks_a_bad_scale_as_nan():
     outs = [(torch.empty_like(e0), torch.empty_like(e1))]
     tilebake.quant.batched_transpose_weight_sf([good], 128, [False], outs)  # loads the kernel before capture
     with pytest.raises(ValueError, match="powers of two"):
-        tilebake.quant.batched_transpose_weight_sf([sf], 128, [False], outs)  # outside a graph: the host check
+        tilebake.quant.batched_transpose_weight_sf([sf], 128, [False], outs)  # outside a graph: the flag, read
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tilebake.quant.batched_transpose_weight_sf([sf], 128, [False], outs)

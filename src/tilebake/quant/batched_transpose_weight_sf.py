@@ -1,7 +1,8 @@
 """batched_transpose_weight_sf: fp32 power-of-two weight block scales -> DeepGEMM UE8M0 layouts.
 
 Validate, allocate, launch (two launches per weight: sf0 and sf1, the same kernel reading the
-scales through swapped strides). The kernel is kernels_tl/quant/batched_transpose_weight_sf.py; the
+scales through swapped strides), then read the kernels' flag of a bad scale (one device-to-host
+copy: the values are checked on the device, not by torch ops on the host). The kernel is kernels_tl/quant/batched_transpose_weight_sf.py; the
 reference (and the CPU path) and the full description of the layouts are in
 src/tilebake/torch/weight_sf.py.
 """
@@ -31,7 +32,7 @@ class BatchedTransposeWeightSfVariant(Variant):
     family = "quant"
     op = "batched_transpose_weight_sf"
     PARAMS = (
-        ptr("SF", "OUT")
+        ptr("SF", "OUT", "BAD")
         + i32(
             "num_words_total", "rows", "words", "cols", "shift", "in_stride_g", "in_stride_r", "in_stride_c",
             "out_stride_g", "out_stride_r", "out_stride_w"
@@ -59,7 +60,7 @@ def _check_out(t, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None
         raise ValueError(f"{name} must be on {like.device}, got {t.device}")
 
 
-def _launch(src: torch.Tensor, out: torch.Tensor, bs: int, transpose: bool, kernels) -> None:
+def _launch(src: torch.Tensor, out: torch.Tensor, bs: int, transpose: bool, kernels, bad: torch.Tensor) -> None:
     """src (G, R, C) fp32 block scales -> out (G, R*bs, ceil(C/4)) words; transpose reads src as (G, C, R)."""
     g, r, c = src.shape
     sg, sr, sc = src.stride()
@@ -72,7 +73,8 @@ def _launch(src: torch.Tensor, out: torch.Tensor, bs: int, transpose: bool, kern
     og, orow, ow = out.stride()
     kernels["fp32",](
         src.get_device(),
-        src.data_ptr(), out.data_ptr(), total, rows, words, c, bs.bit_length() - 1, sg, sr, sc, og, orow, ow,
+        src.data_ptr(), out.data_ptr(), bad.data_ptr(), total, rows, words, c, bs.bit_length() - 1, sg, sr, sc, og,
+        orow, ow,
     )  # fmt: skip
 
 
@@ -99,7 +101,9 @@ def batched_transpose_weight_sf(
 
     Args:
         sf: fp32 tensors (any strides) of positive normal powers of two; anything else raises
-            ValueError naming the entry (checked on the host: one sync; this is a weight-load op).
+            ValueError naming the entry (checked by the kernels, read back with one device-to-host
+            copy; the outputs then hold 0xFF, UE8M0's NaN, for each bad scale). While a CUDA graph
+            is captured nothing can be read back: bad scales are only those 0xFF bytes.
         block_size: bs, 32 or 128.
         transpose_sf1s: one bool per weight.
         outs: optional, one entry per weight: None, or a (sf0, sf1) pair of int32 tensors of the
@@ -110,26 +114,24 @@ def batched_transpose_weight_sf(
         [(sf0, sf1)] per weight. CPU tensors take the reference path. Given outs have their
         version counters bumped, as by torch's out= ops.
     """
-    # The native path: a call whose key has been seen runs as plans (validate, allocate and
-    # launch in C), the host check of the scales' values between the validating plan and the
-    # launching one. A call a plan does not take (NotImplemented) goes on below; not while
-    # torch.compile traces. The classes are in the key: 1 and True are equal keys the checks
-    # below tell apart.
+    # The native path: a call whose key has been seen runs as a plan (validate, allocate and
+    # launch in C), then the flag of a bad scale is read. A call the plan does not take
+    # (NotImplemented) goes on below; not while torch.compile traces. The classes are in the
+    # key: 1 and True are equal keys the checks below tell apart.
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            checks, call = _PLANS[(
+            call = _PLANS[(
                 block_size, block_size.__class__, len(sf), len(transpose_sf1s), None if outs is None else len(outs),
                 *[(t, t.__class__) for t in transpose_sf1s], *[s.ndim for s in sf],
             )]  # fmt: skip
         except (KeyError, AttributeError, TypeError):
             pass
         else:
-            args = sf if outs is None else (*sf, *outs)
-            capturing = torch.cuda.is_current_stream_capturing()  # no host check in a graph (see below)
-            if capturing or plan.run(checks, *args) is None:  # the validating plan took the call
-                result = plan.run(call, *args) if capturing or _scales_checked(sf) else NotImplemented
-                if result is not NotImplemented:
-                    return list(result)
+            result = plan.run(call, *(sf if outs is None else (*sf, *outs)))
+            if result is not NotImplemented:
+                results, bad = result
+                _raise_if_bad(bad, sf)
+                return list(results)
     if block_size not in WEIGHT_SF_BLOCK_SIZES or isinstance(block_size, bool):
         raise ValueError(f"block_size must be one of {WEIGHT_SF_BLOCK_SIZES}, got {block_size!r}")
     sf, transpose_sf1s = list(sf), list(transpose_sf1s)
@@ -156,9 +158,7 @@ def batched_transpose_weight_sf(
             for j, (t, shape) in enumerate(zip(out, sf_shapes(s, block_size, transpose))):
                 if t is not None:
                     _check_out(t, f"outs[{i}][{j}]", shape, s)
-        # One host sync; impossible while a CUDA graph is captured, where the kernel instead
-        # writes the UE8M0 NaN byte 0xFF for a bad scale.
-        if not (s.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if s.is_cpu:  # (on the GPU the kernels check every scale: _raise_if_bad)
             check_power_of_two_scales(s, f"sf[{i}]")
 
     if not all(s.is_cuda for s in sf):
@@ -166,10 +166,12 @@ def batched_transpose_weight_sf(
 
         return reference(sf, block_size, transpose_sf1s, outs)
 
-    results = [transform(s, block_size, transpose, out) for s, transpose, out in zip(sf, transpose_sf1s, outs)]
+    bad = sf[0].new_zeros((1,), dtype=torch.int32)  # set by the kernels on a bad scale
+    results = [transform(s, block_size, transpose, out, bad=bad) for s, transpose, out in zip(sf, transpose_sf1s, outs)]
     given = [t for out in outs if out is not None for t in out if t is not None]
     if given:  # the kernel wrote them behind autograd's back
         torch.autograd.graph.increment_version(given)
+    _raise_if_bad(bad, sf)
     # Plans for up to MAX_PLANNED weights (a plan makes at most 8 launches), outs None or all given.
     fully = outs_given and len(given) == 2 * len(sf) and all(type(out) is tuple for out in outs)
     if 1 <= len(sf) <= MAX_PLANNED and (not outs_given or fully):
@@ -185,27 +187,17 @@ def batched_transpose_weight_sf(
 
 MAX_PLANNED = 4
 _PLANS = plan.cache()
-_SMALLEST_NORMAL = 2.0**-126
 
 
-def _not_powers_of_two(s: torch.Tensor) -> torch.Tensor:
-    """Where s is not a positive normal fp32 power of two, in three ops: frexp's mantissa is
-    exactly 0.5 for a power of two (subnormal ones too), another value for any other number,
-    +-0, +-inf and NaN."""
-    return (torch.frexp(s).mantissa != 0.5).logical_or_(s < _SMALLEST_NORMAL)
-
-
-def _scales_checked(sf) -> bool:
-    """True, or check_power_of_two_scales's error for the first weight it refuses: one host sync
-    for all of them."""
-    bad = None
-    for s in sf:
-        any_bad = _not_powers_of_two(s).any()
-        bad = any_bad if bad is None else bad.logical_or_(any_bad)
-    if bool(bad):
-        for i, s in enumerate(sf):
-            check_power_of_two_scales(s, f"sf[{i}]")
-    return True
+def _raise_if_bad(bad: torch.Tensor, sf) -> None:
+    """The kernels' flag of a scale that is not a positive normal power of two, read back (one
+    device-to-host copy; not while a CUDA graph is captured, where only the 0xFF bytes tell):
+    check_power_of_two_scales's error for the first weight holding one."""
+    if torch.cuda.is_current_stream_capturing() or not bad.item():
+        return
+    for i, s in enumerate(sf):
+        check_power_of_two_scales(s, f"sf[{i}]")
+    raise AssertionError("batched_transpose_weight_sf: the kernels flagged a scale the host check accepts")
 
 
 def _plan_key(sf, block_size, transpose_sf1s, outs):
@@ -217,17 +209,17 @@ def _plan_key(sf, block_size, transpose_sf1s, outs):
 
 
 def _plans(kernel, device, block_size, ranks, transposes, given_outs):
-    """The CUDA path above as call plans: (the checks alone, returning None; the checks,
-    allocations and both launches of every weight, returning a tuple of (sf0, sf1)). Arguments:
-    the scales, then (with given_outs) each weight's (sf0, sf1). Empty weights take the Python
-    path."""
+    """The CUDA path above as a call plan: the checks, the allocations, the zeroed bad-scale flag
+    and both launches of every weight, returning (a tuple of (sf0, sf1) per weight, the flag).
+    Arguments: the scales, then (with given_outs) each weight's (sf0, sf1). Empty weights take
+    the Python path."""
     try:
-        return tuple(_plan(kernel, device, block_size, ranks, transposes, given_outs, run) for run in (False, True))
+        return _plan(kernel, device, block_size, ranks, transposes, given_outs)
     except ValueError:  # more registers or tensors than a plan holds: the Python path
         return None
 
 
-def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
+def _plan(kernel, device, block_size, ranks, transposes, given_outs):
     b = plan.Builder()
     b.let("shift", block_size.bit_length() - 1)
     b.let("one", 1)
@@ -259,7 +251,7 @@ def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
             if rank == 2:  # unsqueeze(0) of the (rows, words) views
                 b.let(p + "o0g", f"{p}n * {p}o0r")
                 b.let(p + "o1g", f"{p}k * {p}o1r")
-        elif launch:  # weight_sf_layout / sf1_layout: MN-major views of (G?, words, rows) buffers
+        else:  # weight_sf_layout / sf1_layout: MN-major views of (G?, words, rows) buffers
             strides0 = [f"{p}w0 * {p}n", "one", p + "n"][3 - rank :]
             sf0 = b.alloc(torch.int32, [*groups, p + "w0", p + "n"], view=([*groups, p + "n", p + "w0"], strides0))
             if transpose:  # the (G?, w1, k) buffer itself
@@ -274,15 +266,16 @@ def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
             b.let(p + "o1g", f"{p}w1 * {p}k" if rank == 3 else p + "k")
             b.let(p + "o1r", "one")
             b.let(p + "o1w", p + "k")
-        if launch:
-            results.append((s, sf0, sf1))
+        results.append((s, sf0, sf1))
+    bad = b.alloc(torch.int32, ("one",))
+    b.zero(bad, 4)
     for i, (s, sf0, sf1) in enumerate(results):
         p = f"w{i}_"
         for out, rows, words, cols, o, (sr, sc) in (
             (sf0, "n", "w0", "kb", "o0", ("sr", "sc")), (sf1, "k", "w1", "nb", "o1", ("sc", "sr"))
         ):  # fmt: skip
             b.launch(
-                kernel, device, SF=s, OUT=out, num_words_total=f"{p}g * {p}{rows} * {p}{words}", rows=p + rows,
+                kernel, device, SF=s, OUT=out, BAD=bad, num_words_total=f"{p}g * {p}{rows} * {p}{words}", rows=p + rows,
                 words=p + words, cols=p + cols, shift="shift", in_stride_g=p + "sg", in_stride_r=p + sr,
                 in_stride_c=p + sc, out_stride_g=f"{p}{o}g", out_stride_r=f"{p}{o}r", out_stride_w=f"{p}{o}w",
             )  # fmt: skip
@@ -290,13 +283,15 @@ def _plan(kernel, device, block_size, ranks, transposes, given_outs, launch):
         for _, sf0, sf1 in results:
             b.bump(sf0)
             b.bump(sf1)
-    b.returns(tuple((sf0, sf1) for _, sf0, sf1 in results) if launch else None)
+    b.returns((tuple((sf0, sf1) for _, sf0, sf1 in results), bad))
     return b.build()
 
 
-def transform(s: torch.Tensor, block_size: int, transpose: bool, out, kernels=_KERNELS):
-    """One weight's (sf0, sf1) (checked arguments): two launches. `kernels`: the loader's table,
-    or a stand-in with the same call (tests run the kernel's C++ on the CPU through one)."""
+def transform(s: torch.Tensor, block_size: int, transpose: bool, out, kernels=_KERNELS, bad=None):
+    """One weight's (sf0, sf1) (checked arguments): two launches, which set bad[0] (an int32
+    tensor; a new zeroed one if None) on a bad scale. `kernels`: the loader's table, or a
+    stand-in with the same call (tests run the kernel's C++ on the CPU through one)."""
+    bad = s.new_zeros((1,), dtype=torch.int32) if bad is None else bad
     groups = s.shape[0] if s.dim() == 3 else None
     nb, kb = s.shape[-2:]
     sf0, sf1 = (None, None) if out is None else out
@@ -310,6 +305,6 @@ def transform(s: torch.Tensor, block_size: int, transpose: bool, out, kernels=_K
         s, sf0_rows, sf1_rows = s.unsqueeze(0), sf0.unsqueeze(0), sf1_rows.unsqueeze(0)
     else:
         sf0_rows = sf0
-    _launch(s, sf0_rows, block_size, False, kernels)
-    _launch(s, sf1_rows, block_size, True, kernels)
+    _launch(s, sf0_rows, block_size, False, kernels, bad)
+    _launch(s, sf1_rows, block_size, True, kernels, bad)
     return sf0, sf1
