@@ -403,7 +403,23 @@ def cast_sr_case(num_tokens, hidden):
     }
 
 
+def unpack_from_e2m1fn_x2_case(num_tokens, hidden):
+    def make():
+        x = torch.randn(num_tokens, hidden, device="cuda")
+        return (tilebake.torch.cast(x, "e2m1", (1, 32))[0],)
+
+    return {
+        "op": "unpack_from_e2m1fn_x2",
+        "variant": "packed e2m1 (T, H/2) -> bf16 (T, H)",
+        "make": make,
+        "fn": lambda q: tilebake.quant.unpack_from_e2m1fn_x2(q, torch.bfloat16),
+        "ref": lambda q: tilebake.torch.unpack_from_e2m1fn_x2(q, torch.bfloat16),
+        "bytes": num_tokens * hidden // 2 + num_tokens * hidden * 2,
+    }
+
+
 CASES["cast_back"].append(cast_back_e2m1_case)
+CASES["unpack_from_e2m1fn_x2"] = [unpack_from_e2m1fn_x2_case]
 CASES["per_token_cast_and_cast_back"] = [per_token_cast_and_cast_back_case]
 CASES["cast"] = [cast_sr_case]
 

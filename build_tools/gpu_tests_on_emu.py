@@ -7,7 +7,7 @@
 Every variant of the named ops is lowered for sm_90a and compiled for the emulator, and put into the
 op module's KernelTable under its key, so the op's launches run it. CUDA is faked for the rest:
 `device="cuda"` arguments of torch's factory functions become the CPU, `Tensor.is_cuda` is True,
-`torch.cuda.is_available()` is True and no stream is ever capturing. Tests that need real CUDA
+`torch.cuda.is_available()` is True, no stream is ever capturing and no call plan is built. Tests that need real CUDA
 machinery (graphs, streams, events, `.cuda()`) fail here: deselect them (`-k "not graph"`). Only
 kernels block_emu models (1-D grids, no TMA; see there) can be run.
 """
@@ -77,6 +77,9 @@ def fake_cuda() -> None:
     torch.cuda.is_available = lambda: True
     torch.cuda.is_current_stream_capturing = lambda: False
     torch.Tensor.is_cuda = property(lambda self: True)
+    from tilebake._runtime import plan
+
+    plan.available = lambda: False  # no call plans: every call takes the Python path (the emulated launches)
 
 
 def main(argv: list[str]) -> int:

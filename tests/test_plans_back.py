@@ -4,7 +4,7 @@ launch; tests/plan_helpers.py): the kernel arguments equal the Python path's for
 tensors, the returned layouts equal the CPU path's, given tensors come back themselves and are
 bumped, calls the Python path refuses (or an empty problem) return NotImplemented, and each op's
 native path looks up exactly the key its Python path builds the plan under.
-(unpack_from_e2m1fn_x2 is pure torch, no kernel: nothing to plan.)"""
+(unpack_from_e2m1fn_x2's plan: tests/test_plans_cast.py.)"""
 
 import importlib
 import itertools

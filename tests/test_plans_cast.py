@@ -323,6 +323,26 @@ def test_stochastic_cast_plan(src, dst, shape):
     assert trace(p, torch.randn(3, 5, 7, 9)[..., :1].to(src))[0] is NotImplemented  # rank or numel % 4
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize("shape", [(1,), (3, 20), (1, 5, 12), (2, 1, 3, 2)])
+def test_unpack_from_e2m1fn_x2_plan(shape, dtype, out_dtype):
+    unpack = importlib.import_module("tilebake.quant.unpack_from_e2m1fn_x2")
+    kernel = ManifestKernel(unpack.UnpackE2m1Variant({torch.float32: "fp32", torch.bfloat16: "bf16"}[out_dtype]))
+    p = unpack._plan(kernel, 0, dtype, out_dtype, len(shape))
+    for scale in (1, 3):
+        x = torch.randint(0, 256, (*shape[:-1], shape[-1] * scale), dtype=torch.int32).to(torch.uint8).view(dtype)
+        y, launches = trace(p, x)
+        assert layout(y) == layout(tilebake.torch.unpack_from_e2m1fn_x2(x, out_dtype))
+        check_launch(kernel, launches, dict(X=x.data_ptr(), Y=y.data_ptr(), num_bytes=x.numel()))
+    x = torch.zeros(shape, dtype=dtype)
+    bad = [misaligned(x), torch.zeros(*shape[:-1], 0, dtype=dtype), x.to(torch.int16)]
+    if len(shape) > 1 and shape[0] > 1:
+        bad.append(torch.zeros(tuple(reversed(shape)), dtype=dtype).transpose(0, -1))  # not contiguous
+    for t in bad:
+        assert trace(p, t)[0] is NotImplemented
+
+
 # --- the fast paths: skipped while dynamo traces; int flags miss them ---
 
 

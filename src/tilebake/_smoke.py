@@ -188,6 +188,13 @@ def _batched_transpose_weight_sf(d):
     _same("sf1", sf1, want1)
 
 
+@smoke_case("unpack_from_e2m1fn_x2")
+def _unpack_from_e2m1fn_x2(d):
+    x = torch.randint(0, 256, (T, 512), generator=_gen(), dtype=torch.int32).to(torch.uint8)
+    _same("y", tilebake.quant.unpack_from_e2m1fn_x2(_on(x, d), torch.bfloat16),
+          tilebake.torch.unpack_from_e2m1fn_x2(x, torch.bfloat16))  # fmt: skip
+
+
 def _norm_inputs():
     g = _gen()
     x = _randn(g, T, H, spread=8).bfloat16()

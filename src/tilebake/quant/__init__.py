@@ -30,7 +30,7 @@ _MODULES = {
     "swiglu_backward_and_per_token_cast": "swiglu_backward",
     "swiglu_forward": "swiglu_forward",
     "swiglu_forward_and_per_token_cast": "swiglu_forward",
-    "unpack_from_e2m1fn_x2": "tilebake.torch.cast",  # pure torch: the reference is the implementation
+    "unpack_from_e2m1fn_x2": "unpack_from_e2m1fn_x2",
 }
 
 
