@@ -36,6 +36,7 @@ def _fp32_bits(c):
 def build(v: UnpackE2m1Variant):
     bits = "uint32" if v.out_dtype == "fp32" else "uint16"
     num_bytes = T.dynamic("num_bytes")
+    chunk = 4 if bits == "uint32" else 8  # output elements in 16 bytes
 
     def decoded(c):
         word = _fp32_bits(c)
@@ -57,8 +58,9 @@ def build(v: UnpackE2m1Variant):
                 for j in T.unroll(VEC):
                     ys[2 * j] = decoded(T.cast(xs[j], "uint32") & T.uint32(15))
                     ys[2 * j + 1] = decoded(T.shift_right(T.cast(xs[j], "uint32"), T.uint32(4)))
-                for j in T.vectorized(2 * VEC):
-                    Y[2 * base + j] = ys[j]
+                for h in T.unroll(2 * VEC // chunk):  # 16-byte stores (a wider vector has no CUDA type on sm_100a)
+                    for j in T.vectorized(chunk):
+                        Y[2 * base + h * chunk + j] = ys[h * chunk + j]
             else:
                 for j in T.serial(VEC):
                     if base + j < num_bytes:
