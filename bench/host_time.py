@@ -5,9 +5,7 @@ output given (`out=` and friends) where the op takes them (GPU only).
     python bench/host_time.py [--name host_time]    # or through bench/bench.py
 
 Each case builds its inputs once; the timing is harness.host_us_per_call (the CPU time of a
-loop of calls that never waits for the GPU); beside it, the op's GPU time per call at the same
-shape (harness.time_gpu: where it exceeds the host time, a loop of such calls is GPU-bound and
-the host time is hidden behind the kernels). get_fused_mapping is timed in its no-sync
+loop of calls that never waits for the GPU). get_fused_mapping is timed in its no-sync
 mode (force_no_sync=True) and, beside it, in its synchronising mode (one device-to-host copy).
 tests/test_bench_coverage.py fails when a public op has no case here.
 """
@@ -155,7 +153,6 @@ def measure() -> dict:
             if fn is not None:
                 us = harness.host_us_per_call(fn, ())
                 row[f"{label}_us"], row[f"{label}_ratio"] = us, us / mul
-        row["gpu_us"] = harness.time_gpu(lambda: (alloc or given)(), [()], reps=50)["median_us"]
         rows.append(row)
     return {"torch_mul_out_us": mul, "rows": rows}
 
@@ -163,13 +160,12 @@ def measure() -> dict:
 def markdown(result: dict) -> list[str]:
     mul = result["torch_mul_out_us"]
     lines = [f"Host time per call at T = {T}, H = {H} (us; x torch.mul(x, 2, out=y) = {mul:.2f} us, same run):", "",
-             "| op | outputs allocated | x torch.mul | outputs given / in place | x torch.mul | GPU us per call |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "| op | outputs allocated | x torch.mul | outputs given / in place | x torch.mul |", "|---|---|---|---|---|"]  # fmt: skip
 
     def cell(row, label):
         return (f"{row[f'{label}_us']:.2f} | {row[f'{label}_ratio']:.2f}" if f"{label}_us" in row else "- | -")
 
-    lines += [f"| {r['op']} | {cell(r, 'allocated')} | {cell(r, 'given')} | {r['gpu_us']:.1f} |" for r in result["rows"]]
+    lines += [f"| {r['op']} | {cell(r, 'allocated')} | {cell(r, 'given')} |" for r in result["rows"]]
     return lines
 
 

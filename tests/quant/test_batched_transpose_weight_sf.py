@@ -200,7 +200,8 @@ def test_gpu_rejects_non_power_of_two(value):
     good = make_sf((2, 3), "cuda")
     sf = make_sf((4, 8), "cuda")
     sf[2, 3] = value
-    outs = [None, tuple(torch.empty_like(t) for t in tilebake.torch.batched_transpose_weight_sf([sf.abs().clamp(min=1)], 32, [True])[0])]
+    ((w0, w1),) = tilebake.torch.batched_transpose_weight_sf([make_sf((4, 8), "cuda")], 32, [True])
+    outs = [None, (torch.empty_like(w0), torch.empty_like(w1))]
     for given in (None, None, outs, outs):
         with pytest.raises(ValueError, match="sf\\[1\\]\\[2, 3\\] = "):
             tilebake.quant.batched_transpose_weight_sf([good, sf], 32, [False, True], given)

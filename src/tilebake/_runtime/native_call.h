@@ -54,7 +54,7 @@ enum {
 };
 enum { T_REG, T_CONST, T_ADD, T_SUB, T_MUL, T_FLOORDIV, T_MOD, T_MIN, T_MAX, T_EQ, T_NE, T_LT, T_LE, T_AND, T_OR, T_NOT };
 enum { RET_SLOT, RET_TUPLE, RET_NONE };
-#define MAX_REGS 128
+#define MAX_REGS 192
 #define MAX_SLOTS 16
 #define MAX_DIMS 6
 #define MAX_KERNELS 8

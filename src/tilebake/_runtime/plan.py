@@ -35,7 +35,7 @@ import torch
  OP_BUMP, OP_RETURN) = range(1, 14)  # fmt: skip
 T_REG, T_CONST, T_ADD, T_SUB, T_MUL, T_FLOORDIV, T_MOD, T_MIN, T_MAX, T_EQ, T_NE, T_LT, T_LE, T_AND, T_OR, T_NOT = range(16)
 RET_SLOT, RET_TUPLE, RET_NONE = range(3)
-MAX_REGS, MAX_SLOTS = 128, 16
+MAX_REGS, MAX_SLOTS = 192, 16
 
 _BINOPS = {ast.Add: T_ADD, ast.Sub: T_SUB, ast.Mult: T_MUL, ast.FloorDiv: T_FLOORDIV, ast.Mod: T_MOD}
 _COMPARE = {ast.Eq: (T_EQ, False), ast.NotEq: (T_NE, False), ast.Lt: (T_LT, False), ast.LtE: (T_LE, False),
