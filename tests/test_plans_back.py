@@ -339,19 +339,14 @@ def test_torch_compile_traces_past_a_plan(monkeypatch):
     assert torch.equal(y, want)
 
 
-def test_batched_transpose_weight_sf_native_path_scale_check():
-    """The native path's one-sync check flags exactly what check_power_of_two_scales refuses
-    (every exponent byte with sign and mantissa patterns, and random bits), and raises its error."""
-    exponents = torch.arange(256, dtype=torch.int32) << 23
-    patterns = torch.tensor([0, 1, 0x400000, 0x7FFFFF, -(2**31), -(2**31) + 1], dtype=torch.int32)
-    bits = torch.cat([(exponents[:, None] | patterns[None, :]).flatten(), torch.randint(-(2**31), 2**31 - 1, (4096,))])
-    values = bits.to(torch.int32).view(torch.float32)
-    exponent = (bits >> 23) & 0xFF
-    want = ((bits & 0x807FFFFF) != 0) | (exponent == 0) | (exponent == 255)
-    assert torch.equal(btws._not_powers_of_two(values), want)
+def test_batched_transpose_weight_sf_reads_the_kernels_flag():
+    """_raise_if_bad: nothing for a clear flag; check_power_of_two_scales's error for the first
+    weight holding a bad scale when the kernels set it."""
     good = make_sf((4, 8))
-    btws._scales_checked([good, good.t()])
     bad = good.clone()
     bad[2, 3] = 0.75
+    btws._raise_if_bad(torch.zeros(1, dtype=torch.int32), [good, bad])  # a clear flag: no read of the scales
     with pytest.raises(ValueError, match="sf\\[1\\]\\[2, 3\\] = 0.75"):
-        btws._scales_checked([good, bad, -good])
+        btws._raise_if_bad(torch.ones(1, dtype=torch.int32), [good, bad, -good])
+    with pytest.raises(AssertionError, match="flagged a scale the host check accepts"):
+        btws._raise_if_bad(torch.ones(1, dtype=torch.int32), [good])

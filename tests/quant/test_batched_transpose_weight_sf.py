@@ -211,6 +211,28 @@ def test_gpu_rejects_non_power_of_two(value):
 
 
 @pytest.mark.gpu
+def test_gpu_kernel_flags_exactly_what_the_host_check_refuses():
+    """Every exponent byte with sign and mantissa patterns, and random bits, as one weight's
+    scales: the kernels' flag is set, and each output byte is 0xFF exactly where
+    check_power_of_two_scales's rule refuses the scale (the exponent byte elsewhere)."""
+    import importlib
+
+    op = importlib.import_module("tilebake.quant.batched_transpose_weight_sf")
+    exponents = torch.arange(256, dtype=torch.int32) << 23
+    patterns = torch.tensor([0, 1, 0x400000, 0x7FFFFF, -(2**31), -(2**31) + 1], dtype=torch.int32)
+    bits = torch.cat([(exponents[:, None] | patterns[None, :]).flatten(), torch.randint(-(2**31), 2**31 - 1, (4096,))])
+    bits = bits[: bits.numel() // 4 * 4].to(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    refused = ((bits & 0x807FFFFF) != 0) | (exponent == 0) | (exponent == 255)
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    sf0, _ = op.transform(bits.view(torch.float32).view(1, -1).cuda(), 32, True, None, bad=flag)
+    got = sf0[0].cpu().view(torch.uint8)  # row 0: the scales' bytes in column order
+    want = torch.where(refused, 0xFF, exponent).to(torch.uint8)
+    assert flag.item() == 1
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
 def test_gpu_graph_capture_marks_a_bad_scale_as_nan():
     """Under CUDA-graph capture the flag cannot be read back: the kernel writes 0xFF (UE8M0 NaN)
     for the bad scale's byte, and the right bytes everywhere else."""

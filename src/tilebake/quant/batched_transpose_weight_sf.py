@@ -166,6 +166,8 @@ def batched_transpose_weight_sf(
 
         return reference(sf, block_size, transpose_sf1s, outs)
 
+    if not sf:
+        return []
     bad = sf[0].new_zeros((1,), dtype=torch.int32)  # set by the kernels on a bad scale
     results = [transform(s, block_size, transpose, out, bad=bad) for s, transpose, out in zip(sf, transpose_sf1s, outs)]
     given = [t for out in outs if out is not None for t in out if t is not None]
@@ -193,7 +195,7 @@ def _raise_if_bad(bad: torch.Tensor, sf) -> None:
     """The kernels' flag of a scale that is not a positive normal power of two, read back (one
     device-to-host copy; not while a CUDA graph is captured, where only the 0xFF bytes tell):
     check_power_of_two_scales's error for the first weight holding one."""
-    if torch.cuda.is_current_stream_capturing() or not bad.item():
+    if (bad.is_cuda and torch.cuda.is_current_stream_capturing()) or not bad.item():
         return
     for i, s in enumerate(sf):
         check_power_of_two_scales(s, f"sf[{i}]")
