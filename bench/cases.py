@@ -722,3 +722,8 @@ def moe_topk_gate_forward_case(num_tokens, hidden):
 
 
 CASES["moe_topk_gate_forward"] = [moe_topk_gate_forward_case]
+
+
+from cases_engram import CASES as ENGRAM_CASES  # noqa: E402  (bench/ is on the path, as for this module)
+
+CASES.update(ENGRAM_CASES)

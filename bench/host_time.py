@@ -132,10 +132,34 @@ def _others():
     }
 
 
+def _engram():
+    e = tilebake.engram
+    ids = torch.randint(0, 2**31 - 1, (T, 4), dtype=torch.int32, device=DEVICE)
+    mul = torch.randint(-(2**62), 2**62, (2, 4), dtype=torch.int64, device=DEVICE)
+    voc = torch.randint(1, 2**20, (2, 3, 8), dtype=torch.int32, device=DEVICE)
+    off = tilebake.torch.engram.make_offsets(voc)
+    wh, we = bf16(4, H), bf16(4, H)
+    partial, gwh, gwe = torch.randn(132, 4, H, device=DEVICE), torch.zeros(4, H, device=DEVICE), torch.zeros(4, H, device=DEVICE)
+    grad, buf = torch.randn(T * H, device=DEVICE), torch.zeros(T * H, device=DEVICE)
+    m, rs, cs = torch.randn(T, 5120, device=DEVICE), torch.ones(T, device=DEVICE), torch.ones(5120, device=DEVICE)
+    _, col_partial = e.engram_sinkhorn_step(m, rs.clone(), cs, 1e-20)
+    sumsq, final = torch.empty(5120, device=DEVICE), torch.empty_like(m)
+    return {
+        "engram_hash": (lambda: e.engram_hash(ids, mul, voc, off), None),
+        "fused_weight": (lambda: e.fused_weight(wh, we), None),
+        "grad_w_reduce": (None, lambda: e.grad_w_reduce(partial, wh, we, gwh, gwe)),
+        "engram_sinkhorn_momentum_update": (lambda: e.engram_sinkhorn_momentum_update(grad, buf, 0.95), None),
+        "engram_sinkhorn_step": (lambda: e.engram_sinkhorn_step(m, rs, cs, 1e-20), None),
+        "engram_sinkhorn_step_reduce": (None, lambda: e.engram_sinkhorn_step_reduce(col_partial, sumsq)),
+        "engram_sinkhorn_finalize": (lambda: e.engram_sinkhorn_finalize(m, rs, cs, 1e-20, 0.5),
+                                     lambda: e.engram_sinkhorn_finalize(m, rs, cs, 1e-20, 0.5, out=final)),
+    }
+
+
 def cases() -> dict:
     """public name -> (call allocating its outputs or None, call with every output given /
     in place, or None where the op takes no outputs)."""
-    return {**_quant(), **_moe(), **_others()}
+    return {**_quant(), **_moe(), **_engram(), **_others()}
 
 
 # Public functions that launch nothing on the GPU (no host-time case).

@@ -138,6 +138,15 @@ inline float min(float a, float b) { return fminf(a, b); }
 // --- byte and vector intrinsics, tilelang's clamp, the e4m3 conversion of the cubins ---
 #define __align__(n) alignas(n)
 struct uint4 { uint x, y, z, w; };
+struct uint2 { uint x, y; };
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+// IEEE single operations, each rounded once (g++ -O1 contracts nothing without -ffp-contract=fast)
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
 inline uint __byte_perm(uint x, uint y, uint s) {  // result byte i = byte (s >> 4i) & 7 of y:x
   unsigned long long in = ((unsigned long long)y << 32) | x;
@@ -170,6 +179,23 @@ struct fp8_e4_t {  // cvt.rn.satfinite.e4m3x2.f32: nearest even, +-448 for large
     int biased = e - 1 + 7;
     if (m == 16) { m = 8; ++biased; }
     storage = sign | (uchar)(biased << 3) | (uchar)(m - 8);
+  }
+};
+struct bfloat16_t {  // cutlass::bfloat16_t as the cubins use it: round to nearest even, NaN kept quiet
+  unsigned short storage;
+  bfloat16_t() = default;
+  explicit bfloat16_t(float f) {
+    uint bits;
+    std::memcpy(&bits, &f, 4);
+    if (std::isnan(f)) { storage = (unsigned short)((bits >> 16) | 0x40); return; }
+    bits += 0x7FFF + ((bits >> 16) & 1);
+    storage = (unsigned short)(bits >> 16);
+  }
+  explicit operator float() const {
+    uint bits = (uint)storage << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
   }
 };
 """

@@ -11,7 +11,7 @@ import pkgutil
 
 from tilebake._variants import DECLARED
 
-FAMILIES = ("moe", "quant", "transform")
+FAMILIES = ("engram", "moe", "quant", "transform")
 
 
 def _declared_types() -> tuple:

@@ -388,6 +388,8 @@ def _reduce_fused(d):
           tilebake.torch.reduce_fused(data, w, ttp))  # fmt: skip
 
 
+from tilebake import _smoke_engram  # noqa: E402,F401 -- registers the engram cases
+
 # --- running them ---
 
 

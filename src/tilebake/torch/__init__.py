@@ -1,7 +1,20 @@
 """Plain-PyTorch reference implementations: the correctness oracles; also the slow path on CPU tensors."""
 
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
+from . import engram
 from .cast_lossless import per_block_cast_lossless
+from .engram import (
+    engram_gate_bwd_ref,
+    engram_gate_fwd_ref,
+    engram_gate_ref,
+    engram_hash_ref,
+    engram_sinkhorn_finalize_ref,
+    engram_sinkhorn_momentum_update_ref,
+    engram_sinkhorn_step_ref,
+    fused_weight_ref,
+    grad_w_reduce_ref,
+    make_offsets,
+)
 from .fake_quant import per_token_cast_and_cast_back_ref
 from .gate import moe_topk_gate_forward_ref
 from .mapping import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
@@ -20,6 +33,17 @@ __all__ = [
     "batched_transpose_weight_sf",
     "cast",
     "cast_back",
+    "engram",
+    "engram_gate_bwd_ref",
+    "engram_gate_fwd_ref",
+    "engram_gate_ref",
+    "engram_hash_ref",
+    "engram_sinkhorn_finalize_ref",
+    "engram_sinkhorn_momentum_update_ref",
+    "engram_sinkhorn_step_ref",
+    "fused_weight_ref",
+    "grad_w_reduce_ref",
+    "make_offsets",
     "get_mapping_from_psum",
     "grouped_topk",
     "moe_topk_gate_backward",

@@ -1,0 +1,228 @@
+"""The Engram Sinkhorn optimizer helpers: the momentum update, one row-normalisation step with
+its column sums of squares (per-CTA partials, then their reduction in a fixed order), and the
+final scaled matrix.
+
+Validate, allocate, launch (kernels_tl/engram/engram_sinkhorn.py, one kernel per stage); CPU
+tensors take the references (tilebake.torch.engram). beta1, nesterov, eps, alpha and every size
+are runtime arguments (the original compiles beta1, nesterov, eps and alpha in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._library import register
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.engram._common import check_same_device, check_tensor, dense
+from tilebake.utils import FORMAT_NAMES
+
+MAX_COLS = 8192  # head_dim limit of step and finalize: a row's columns stay in registers
+# The step's persistent CTAs (and partial rows) per SM: as many as fit at once (the kernel asks
+# ptxas for that occupancy: a row's columns, col_scale's and the partial sums in registers).
+STEP_CTAS_PER_SM = 2
+
+_STAGE_PARAMS = {
+    "momentum": ptr("G", "MB", "OUT") + f32("beta1", "one_minus_beta1") + i32("nesterov", "numel"),
+    "step": ptr("M", "RS", "CS", "NORM", "P") + f32("eps") + i32("num_rows", "num_cols", "num_ctas"),
+    "step_reduce": ptr("P", "OUT") + i32("num_partials", "num_cols"),
+    "finalize": ptr("M", "RS", "CS", "OUT") + f32("eps", "alpha") + i32("num_rows", "num_cols"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramSinkhornVariant(Variant):
+    family = "engram"
+    op = "engram_sinkhorn"
+
+    stage: str  # 'momentum' | 'step' | 'step_reduce' | 'finalize'
+    grad_dtype: str = "fp32"  # momentum: 'bf16' | 'fp32'
+    momentum_dtype: str = "fp32"
+
+    @classmethod
+    def all(cls):
+        momentum = [cls("momentum", g, m) for g in ("bf16", "fp32") for m in ("bf16", "fp32")]
+        return (*momentum, cls("step"), cls("step_reduce"), cls("finalize"))
+
+    def params(self):
+        return _STAGE_PARAMS[self.stage]
+
+
+_KERNELS = KernelTable(EngramSinkhornVariant)
+_FLOATS = (torch.bfloat16, torch.float32)
+
+
+def _check_float(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    return float(value)
+
+
+def engram_sinkhorn_momentum_update(
+    grad: torch.Tensor, momentum_buffer: torch.Tensor, beta1: float, nesterov: bool = True
+) -> torch.Tensor:
+    """momentum_buffer = (1 - beta1) grad + beta1 momentum_buffer, in place (in its dtype); returns
+    the fp32 Sinkhorn input: beta1 m + (1 - beta1) grad (nesterov) or m. grad and momentum_buffer:
+    bf16 or fp32, the same shape (any), contiguous; each product and sum rounded to fp32 on its own."""
+    check_tensor(grad, "grad", _FLOATS)
+    check_tensor(momentum_buffer, "momentum_buffer", _FLOATS)
+    if momentum_buffer.shape != grad.shape:
+        raise ValueError(f"momentum_buffer must have grad's shape {tuple(grad.shape)}, got {tuple(momentum_buffer.shape)}")
+    check_same_device("momentum_buffer", momentum_buffer, grad, "grad")
+    if not momentum_buffer.is_contiguous() or momentum_buffer.data_ptr() % 16:
+        raise ValueError("momentum_buffer must be contiguous and 16-byte aligned (it is updated in place)")
+    beta1 = _check_float(beta1, "beta1")
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {nesterov!r}")
+    if grad.numel() >= 2**31:
+        raise ValueError(f"grad must have fewer than 2^31 elements, got {grad.numel()}")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.engram_sinkhorn_momentum_update(grad, momentum_buffer, beta1, nesterov)
+    if not grad.is_cuda:
+        from tilebake.torch.engram import engram_sinkhorn_momentum_update_ref
+
+        return engram_sinkhorn_momentum_update_ref(grad, momentum_buffer, beta1, nesterov)
+    out = torch.empty(grad.shape, dtype=torch.float32, device=grad.device)
+    if grad.numel():
+        g = dense(grad)
+        key = ("momentum", FORMAT_NAMES[grad.dtype], FORMAT_NAMES[momentum_buffer.dtype])
+        _KERNELS[key](g.get_device(), g.data_ptr(), momentum_buffer.data_ptr(), out.data_ptr(), beta1,
+                      float(torch.tensor(1 - beta1, dtype=torch.float32)), int(nesterov), g.numel())  # fmt: skip
+        torch.autograd.graph.increment_version(momentum_buffer)
+    return out
+
+
+def _check_matrix(matrix, row_scale, col_scale, eps):
+    check_tensor(matrix, "matrix", (torch.float32,), 2)
+    check_tensor(row_scale, "row_scale", (torch.float32,), 1)
+    check_tensor(col_scale, "col_scale", (torch.float32,), 1)
+    rows, cols = matrix.shape
+    if row_scale.shape != (rows,):
+        raise ValueError(f"row_scale must be ({rows},) (matrix's rows), got {tuple(row_scale.shape)}")
+    if col_scale.shape != (cols,):
+        raise ValueError(f"col_scale must be ({cols},) (matrix's columns), got {tuple(col_scale.shape)}")
+    check_same_device("row_scale", row_scale, matrix, "matrix")
+    check_same_device("col_scale", col_scale, matrix, "matrix")
+    if matrix.is_cuda and (cols % 4 or not 0 < cols <= MAX_COLS):
+        raise ValueError(f"matrix's columns must be a multiple of 4 in [4, {MAX_COLS}] on CUDA, got {cols}")
+    if rows * cols >= 2**31:
+        raise ValueError(f"matrix must have fewer than 2^31 elements, got {rows * cols}")
+    return _check_float(eps, "eps")
+
+
+def _num_partials(matrix) -> int:
+    """The step's partial rows: its persistent CTAs on CUDA, min(3 x SMs, R); 1 on the CPU or for R = 0."""
+    if matrix.device.type == "cpu" or matrix.shape[0] == 0:
+        return 1
+    return min(STEP_CTAS_PER_SM * config.get_num_sms(), matrix.shape[0])
+
+
+def engram_sinkhorn_step(matrix, row_scale, col_scale, eps: float):
+    """One Sinkhorn row step of diag(row_scale) matrix diag(col_scale) (matrix fp32 (R, D)):
+    returns (row_norm (R,): each row's L2 norm before the step, col_sumsq_partial (P, D): the
+    column sums of squares after it, in P partial rows, for engram_sinkhorn_step_reduce);
+    row_scale /= row_norm + eps in place. P = min(3 x SMs, R) (1 on the CPU or for R = 0)."""
+    eps = _check_matrix(matrix, row_scale, col_scale, eps)
+    if not row_scale.is_contiguous():
+        raise ValueError("row_scale must be contiguous (it is updated in place)")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.engram_sinkhorn_step(matrix, row_scale, col_scale, eps)
+    rows, cols = matrix.shape
+    if not matrix.is_cuda or rows == 0:
+        from tilebake.torch.engram import engram_sinkhorn_step_ref
+
+        return engram_sinkhorn_step_ref(matrix, row_scale, col_scale, eps)
+    num_ctas = _num_partials(matrix)
+    norm = torch.empty(rows, dtype=torch.float32, device=matrix.device)
+    partial = torch.empty((num_ctas, cols), dtype=torch.float32, device=matrix.device)
+    m, cs = dense(matrix), dense(col_scale)
+    _KERNELS["step", "fp32", "fp32"](m.get_device(), m.data_ptr(), row_scale.data_ptr(), cs.data_ptr(), norm.data_ptr(),
+                                     partial.data_ptr(), eps, rows, cols, num_ctas)  # fmt: skip
+    torch.autograd.graph.increment_version(row_scale)
+    return norm, partial
+
+
+def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torch.Tensor) -> None:
+    """col_sumsq (D,) = the sum of col_sumsq_partial's (P, D) rows, added in row order (in place)."""
+    check_tensor(col_sumsq_partial, "col_sumsq_partial", (torch.float32,), 2)
+    check_tensor(col_sumsq, "col_sumsq", (torch.float32,), 1)
+    parts, cols = col_sumsq_partial.shape
+    if col_sumsq.shape != (cols,):
+        raise ValueError(f"col_sumsq must be ({cols},) (the partials' columns), got {tuple(col_sumsq.shape)}")
+    check_same_device("col_sumsq", col_sumsq, col_sumsq_partial, "col_sumsq_partial")
+    if torch.compiler.is_compiling():
+        torch.ops.tilebake.engram_sinkhorn_step_reduce(col_sumsq_partial, col_sumsq)
+        return
+    if not col_sumsq.is_cuda or cols % 4 or parts == 0 or not col_sumsq.is_contiguous() or col_sumsq.data_ptr() % 16:
+        from tilebake.torch.engram import engram_sinkhorn_step_reduce_ref
+
+        if parts == 0:
+            col_sumsq.zero_()
+        else:
+            engram_sinkhorn_step_reduce_ref(col_sumsq_partial, col_sumsq)
+        return
+    p = dense(col_sumsq_partial)
+    _KERNELS["step_reduce", "fp32", "fp32"](p.get_device(), p.data_ptr(), col_sumsq.data_ptr(), parts, cols)
+    torch.autograd.graph.increment_version(col_sumsq)
+
+
+def engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps: float, alpha: float,
+                             out: Optional[torch.Tensor] = None) -> torch.Tensor:  # fmt: skip
+    """alpha * diag(row_scale / (row_norm + eps)) matrix diag(col_scale), row_norm the L2 norms of
+    diag(row_scale) matrix diag(col_scale)'s rows: fp32 (R, D), into `out` when given (returned)."""
+    eps = _check_matrix(matrix, row_scale, col_scale, eps)
+    alpha = _check_float(alpha, "alpha")
+    if out is not None:
+        check_tensor(out, "out", (torch.float32,), 2)
+        if out.shape != matrix.shape:
+            raise ValueError(f"out must have matrix's shape {tuple(matrix.shape)}, got {tuple(out.shape)}")
+        check_same_device("out", out, matrix, "matrix")
+    if torch.compiler.is_compiling():
+        result = torch.ops.tilebake.engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps, alpha)
+        return result if out is None else out.copy_(result)
+    if not matrix.is_cuda:
+        from tilebake.torch.engram import engram_sinkhorn_finalize_ref
+
+        return engram_sinkhorn_finalize_ref(matrix, row_scale, col_scale, eps, alpha, out)
+    rows, cols = matrix.shape
+    target = out if out is not None and out.is_contiguous() and out.data_ptr() % 16 == 0 else None
+    result = target if target is not None else torch.empty((rows, cols), dtype=torch.float32, device=matrix.device)
+    if rows:
+        m, rs, cs = dense(matrix), dense(row_scale), dense(col_scale)
+        _KERNELS["finalize", "fp32", "fp32"](m.get_device(), m.data_ptr(), rs.data_ptr(), cs.data_ptr(),
+                                             result.data_ptr(), eps, alpha, rows, cols)  # fmt: skip
+    if out is None:
+        return result
+    if target is None:
+        out.copy_(result)
+    else:
+        torch.autograd.graph.increment_version(out)
+    return out
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace each call as one op ---
+
+register(
+    "engram_sinkhorn_momentum_update(Tensor grad, Tensor(a!) momentum_buffer, float beta1, bool nesterov) -> Tensor",
+    lambda g, m, beta1, nesterov: engram_sinkhorn_momentum_update(g, m, beta1, nesterov),
+    lambda g, m, beta1, nesterov: torch.empty(g.shape, dtype=torch.float32, device=g.device),
+)
+register(
+    "engram_sinkhorn_step(Tensor matrix, Tensor(a!) row_scale, Tensor col_scale, float eps) -> (Tensor, Tensor)",
+    lambda m, rs, cs, eps: engram_sinkhorn_step(m, rs, cs, eps),
+    lambda m, rs, cs, eps: (m.new_empty(m.shape[:1]), m.new_empty((_num_partials(m), m.shape[1]))),
+)
+register(
+    "engram_sinkhorn_step_reduce(Tensor col_sumsq_partial, Tensor(a!) col_sumsq) -> ()",
+    lambda p, c: engram_sinkhorn_step_reduce(p, c),
+    lambda p, c: None,
+)
+register(
+    "engram_sinkhorn_finalize(Tensor matrix, Tensor row_scale, Tensor col_scale, float eps, float alpha) -> Tensor",
+    lambda m, rs, cs, eps, alpha: engram_sinkhorn_finalize(m, rs, cs, eps, alpha),
+    lambda m, rs, cs, eps, alpha: torch.empty_like(m),
+)
