@@ -41,6 +41,14 @@ ORIGINAL = {
     "topk_gate 256 top8": (30.5, 14.5),
     "moe_topk_gate_forward sqrtsoftplus 256 top8 bias": (38.0, 21.7),
     "apply_rotary bf16 32q+8k rot128": (180.9, 98.0),
+    # Engram (../shared/anchors/tilekernels-2.1.0_h200.md, its largest shapes; host time not listed)
+    "engram_hash L2 N4 M8 T8001": (7.0, None),
+    "fused_weight hc4 h7168": (1.5, None),
+    "grad_w_reduce hc4 h7168 132 partials": (6.9, None),
+    "engram_sinkhorn momentum fp32 numel 512000512": (1939.3, None),
+    "engram_sinkhorn step 100001 x 5120": (465.0, None),
+    "engram_sinkhorn step_reduce 396 x 5120": (6.7, None),
+    "engram_sinkhorn finalize 100001 x 5120": (1183.8, None),
 }
 
 
@@ -104,6 +112,47 @@ CASES = {
 }
 
 
+def _hash_inputs(t):
+    t = 8001 if t > 1 else 1
+    voc = torch.randint(1, 2**20, (2, 3, 8), dtype=torch.int32, device="cuda")
+    return (torch.randint(0, 2**31 - 1, (t, 4), dtype=torch.int32, device="cuda"),
+            torch.randint(-(2**62), 2**62, (2, 4), dtype=torch.int64, device="cuda"), voc,
+            tilebake.torch.engram.make_offsets(voc))  # fmt: skip
+
+
+def _sinkhorn_inputs(t):
+    rows = 100001 if t > 1 else 1
+    return (torch.randn(rows, 5120, device="cuda"), torch.rand(rows, device="cuda") + 0.5,
+            torch.rand(5120, device="cuda") + 0.5)  # fmt: skip
+
+
+def _grad_w_inputs(t):
+    w = (torch.randn(4, H, device="cuda").bfloat16() for _ in range(2))
+    return (torch.randn(132, 4, H, device="cuda"), *w, torch.zeros(4, H, device="cuda"), torch.zeros(4, H, device="cuda"))
+
+
+engram = tilebake.engram
+CASES.update({
+    "engram_hash L2 N4 M8 T8001": (_hash_inputs, lambda *a: engram.engram_hash(*a)),
+    "fused_weight hc4 h7168": (lambda t: (bf16(4, H), bf16(4, H)), lambda wh, we: engram.fused_weight(wh, we)),
+    "grad_w_reduce hc4 h7168 132 partials": (_grad_w_inputs, lambda *a: engram.grad_w_reduce(*a)),
+    "engram_sinkhorn momentum fp32 numel 512000512": (
+        lambda t: (torch.randn(512000512 if t > 1 else 512, device="cuda"),
+                   torch.randn(512000512 if t > 1 else 512, device="cuda")),  # fmt: skip
+        lambda g, m: engram.engram_sinkhorn_momentum_update(g, m, 0.95, False),
+    ),
+    "engram_sinkhorn step 100001 x 5120": (_sinkhorn_inputs, lambda m, rs, cs: engram.engram_sinkhorn_step(m, rs, cs, 1e-20)),
+    "engram_sinkhorn step_reduce 396 x 5120": (
+        lambda t: (torch.randn(396, 5120, device="cuda"), torch.empty(5120, device="cuda")),
+        lambda p, out: engram.engram_sinkhorn_step_reduce(p, out),
+    ),
+    "engram_sinkhorn finalize 100001 x 5120": (
+        _sinkhorn_inputs,
+        lambda m, rs, cs: engram.engram_sinkhorn_finalize(m, rs, cs, 1e-20, 1.0),
+    ),
+})  # fmt: skip
+
+
 def release_copy_buffers():
     """Give copy_bandwidth_gbs's 4 GiB (left in torch's cache) back to the driver before the first
     case, and let that finish. Released by the first case's empty_cache() instead, it slowed the
@@ -112,6 +161,10 @@ def release_copy_buffers():
     torch.cuda.empty_cache()
     torch.cuda.synchronize()
     time.sleep(1.0)
+
+
+def _us(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main():
@@ -160,7 +213,7 @@ def main():
     for r in rows:
         mark = "" if r["speed_vs_original"] >= 1.0 else " SLOWER"
         lines.append(f"| {r['case']} | {r['original_us']:.1f} | {r['tilebake_us']:.1f} | "
-                     f"{r['speed_vs_original']:.2f}x{mark} | {r['original_host_us']:.1f} | {r['tilebake_host_us']:.1f} |")  # fmt: skip
+                     f"{r['speed_vs_original']:.2f}x{mark} | {_us(r['original_host_us'])} | {r['tilebake_host_us']:.1f} |")  # fmt: skip
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     slower = [r["case"] for r in rows if r["speed_vs_original"] < 1.0]

@@ -114,9 +114,11 @@ def _kernel_tables():
     import importlib
     import pkgutil
 
+    from tilebake._registry import FAMILIES
+
     modules = [
         f"{package}.{info.name}"
-        for package in ("tilebake.quant", "tilebake.moe", "tilebake.transform")
+        for package in (f"tilebake.{family}" for family in FAMILIES)
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__)
     ]
     return [
