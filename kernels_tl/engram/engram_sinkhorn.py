@@ -13,6 +13,8 @@
 - finalize: one CTA per row: alpha * (row_scale / (norm + eps)) * M * col_scale.
 """
 
+import dataclasses
+
 import tilelang.language as T
 
 from kernels_tl.engram.common import (
@@ -36,11 +38,28 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # guarded per vector b
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def build(v: EngramSinkhornVariant):
-    return {"momentum": _momentum, "step": _step, "step_reduce": _step_reduce, "finalize": _finalize}[v.stage](v)
+@dataclasses.dataclass(frozen=True)
+class MomentumConfig:
+    threads: int = THREADS
+    vec: int = FLAT_VEC  # elements a thread
 
 
-def _momentum(v):
+MOMENTUM_CONFIG = MomentumConfig()
+
+
+def candidate_configs():
+    """The momentum update's search space (python bench/tune_engram.py build|run DIR)."""
+    return [MomentumConfig(t, e) for t in (128, 256, 512) for e in (4, 8, 16)]
+
+
+def build(v: EngramSinkhornVariant, cfg=None):
+    if v.stage == "momentum":
+        return _momentum(v, cfg or MOMENTUM_CONFIG)
+    return {"step": _step, "step_reduce": _step_reduce, "finalize": _finalize}[v.stage](v)
+
+
+def _momentum(v, cfg):
+    THREADS, FLAT_VEC = cfg.threads, cfg.vec
     n = T.dynamic("numel")
     g_dtype, m_dtype = _DTYPES[v.grad_dtype], _DTYPES[v.momentum_dtype]
 

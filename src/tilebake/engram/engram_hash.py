@@ -58,7 +58,7 @@ def _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
         if image_token_mask.shape[0] != num_tokens:
             raise ValueError(f"image_token_mask must be ({num_tokens},), got {tuple(image_token_mask.shape)}")
         check_same_device("image_token_mask", image_token_mask, ngram_token_ids, "ngram_token_ids")
-    if layers * num_tokens * width >= 2**31:
+    if layers * num_tokens * width >= 2**31:  # (also bounds the kernel's L x T x M threads)
         raise ValueError(f"engram_hash: the output (L, T, (N-1) M) must have fewer than 2^31 entries, got {layers * num_tokens * width}")
 
 

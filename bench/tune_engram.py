@@ -1,0 +1,90 @@
+"""Launch-config search for the Engram Sinkhorn momentum update (kernels_tl/engram/engram_sinkhorn.py
+candidate_configs()), fp32 grad and buffer, nesterov off, at the original's benchmark size.
+
+python bench/tune_engram.py build DIR   # build host: lower + nvcc every candidate (sm_90a)
+python bench/tune_engram.py run DIR     # GPU: check each candidate's bytes, time it (CUDA graph)
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NUMEL = 512000512
+
+
+def _stem(v, cfg):
+    return v.id + "." + ".".join(f"{k}{val}" for k, val in dataclasses.asdict(cfg).items())
+
+
+def build(out: Path):
+    sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
+    import os
+
+    import aot
+    import tilelang
+
+    from kernels_tl.engram import engram_sinkhorn as kernels
+    from tilebake.engram.engram_sinkhorn import EngramSinkhornVariant
+
+    tl = os.path.dirname(tilelang.__file__)
+    v = EngramSinkhornVariant("momentum", "fp32", "fp32")
+    for cfg in kernels.candidate_configs():
+        stem = _stem(v, cfg)
+        aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
+        subprocess.run(
+            ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
+             "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
+             str(out / "sm_90a" / f"{stem}.cu")],
+            check=True,
+        )  # fmt: skip
+        print("built", stem, flush=True)
+
+
+def run(out: Path):
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import harness
+
+    from tilebake._runtime import loader
+    from tilebake.torch.engram import engram_sinkhorn_momentum_update_ref
+
+    launcher = loader._native()
+    copy = harness.copy_bandwidth_gbs()
+    torch.cuda.empty_cache()
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    grads = [torch.randn(NUMEL, device="cuda") for _ in range(2)]
+    bufs = [torch.randn(NUMEL, device="cuda") for _ in range(2)]
+    outs = [torch.empty(NUMEL, device="cuda") for _ in range(2)]
+    small_g, small_m = torch.randn(8001 * 7, device="cuda"), torch.randn(8001 * 7, device="cuda")
+    want_m = small_m.clone()
+    want = engram_sinkhorn_momentum_update_ref(small_g, want_m, 0.95, False)
+    for meta_path in sorted((out / "sm_90a").glob("*.json")):
+        meta = json.loads(meta_path.read_text())
+        stem = meta_path.stem
+        handle = launcher.load((out / "sm_90a" / f"{stem}.cubin").read_bytes(), meta["entry"], 0, 0)
+        names = tuple(p["name"] for p in meta["params"])
+        sig = "".join(p["kind"] for p in meta["params"]).encode()
+        grid = loader._compile_grid(meta["grid"], names, stem)
+        block = tuple(int(b) for b in meta["block"])
+
+        def call(g, m, o):
+            v = dict(G=g.data_ptr(), MB=m.data_ptr(), OUT=o.data_ptr(), beta1=0.95,
+                     one_minus_beta1=float(torch.tensor(1 - 0.95, dtype=torch.float32)), nesterov=0, numel=g.numel())  # fmt: skip
+            a = tuple(v[n] for n in names)
+            launcher.launch(handle, grid(*a), block, 0, torch.cuda.current_stream().cuda_stream, sig, a)
+
+        m, o = small_m.clone(), torch.empty_like(small_m)
+        call(small_g, m, o)
+        ok = torch.equal(o, want) and torch.equal(m, want_m)
+        us = harness.time_graph(call, list(zip(grads, bufs, outs)))
+        gbs = NUMEL * 16 / us / 1e3
+        print(f"{stem.split('.', 4)[-1]:40s} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}% "
+              f"{'ok' if ok else 'MISMATCH'}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    {"build": build, "run": run}[sys.argv[1]](Path(sys.argv[2]))
