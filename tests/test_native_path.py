@@ -15,16 +15,7 @@ from tilebake._runtime import loader, plan
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 # op case variant (bench/cases.py) -> why its calls take the Python path
-PYTHON_PATH: dict[str, str] = {
-    f"{op}: {variant}": "no call plan yet (issue 15)"
-    for op, variant in [
-        ("engram_hash", "4-grams, 2 layers, 8 tables"),
-        ("grad_w_reduce", "132 partials of (4, H) fp32"),
-        ("engram_sinkhorn", "momentum update fp32 / fp32, nesterov"),
-        ("engram_sinkhorn", "step + step_reduce, fp32 (R, D)"),
-        ("engram_sinkhorn", "finalize, fp32 (R, D)"),
-    ]
-}
+PYTHON_PATH: dict[str, str] = {}
 
 
 def _cases():

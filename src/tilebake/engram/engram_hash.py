@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, dense
@@ -33,6 +34,7 @@ class EngramHashVariant(Variant):
 
 
 _KERNELS = KernelTable(EngramHashVariant)
+_PLANS = plan.cache()  # by (image_token_mask is None,): the plan reads the mask or not
 
 
 def _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask):
@@ -83,6 +85,15 @@ def engram_hash(
         wrapping) and table m, h mod vocab_sizes[l, i - 1, m] (non-negative) + the table's
         offset; -1 for image tokens and tables of non-positive size.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[image_token_mask is None]
+        except (KeyError, TypeError):
+            pass
+        else:
+            result = plan.run(call, ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
+            if result is not NotImplemented:
+                return result
     _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
@@ -102,7 +113,27 @@ def engram_hash(
         mask.data_ptr() if mask is not None else ids.data_ptr(), out.data_ptr(), int(mask is not None),
         num_tokens, ngram, layers, tables,
     )  # fmt: skip
+    plan.remember(_PLANS, mask is None, _plan, _KERNELS["int32",], ids.get_device(), mask is not None)
     return out
+
+
+def _plan(kernel, device, has_mask):
+    """run(ids, multipliers, vocab_sizes, offsets, mask): contiguous tensors as _check takes them."""
+    b = plan.Builder()
+    ids = b.tensor(0, torch.int32, ("T", "N"), strides=("N", 1), align=4)
+    mul = b.tensor(1, torch.int64, ("L", "N1"), strides=("N1", 1), align=8)
+    voc = b.tensor(2, torch.int32, ("L2", "K", "M"), strides=("K * M", "M", 1), align=4)
+    off = b.tensor(3, torch.int32, ("L3", "W"), strides=("W", 1), align=4)
+    b.check("T >= 1 and N >= 2 and N1 == N and L >= 1 and L2 == L and L3 == L and K == N - 1 and M >= 1")
+    b.check("W == K * M and L * T * W < 2147483648")
+    mask = b.tensor(4, torch.bool, ("T4",), strides=(1,), align=1) if has_mask else None
+    if has_mask:
+        b.check("T4 == T")
+    out = b.alloc(torch.int32, ("L", "T", "W"))
+    b.launch(kernel, device, IDS=ids, MUL=mul, VOC=voc, OFF=off, MASK=mask if has_mask else ids, OUT=out,
+             has_mask=int(has_mask), num_tokens="T", max_ngram_size="N", num_layers="L", num_tables="M")  # fmt: skip
+    b.returns(out)
+    return b.build()
 
 
 def _meta(ids, multipliers, vocab_sizes, offsets, image_token_mask):

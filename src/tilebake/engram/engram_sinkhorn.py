@@ -16,6 +16,7 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, dense
@@ -53,6 +54,8 @@ class EngramSinkhornVariant(Variant):
 
 
 _KERNELS = KernelTable(EngramSinkhornVariant)
+# Call plans by stage and key (the scalars with their classes: 1 and True are equal keys).
+_PLANS = plan.cache()
 _FLOATS = (torch.bfloat16, torch.float32)
 
 
@@ -68,6 +71,16 @@ def engram_sinkhorn_momentum_update(
     """momentum_buffer = (1 - beta1) grad + beta1 momentum_buffer, in place (in its dtype); returns
     the fp32 Sinkhorn input: beta1 m + (1 - beta1) grad (nesterov) or m. grad and momentum_buffer:
     bf16 or fp32, the same shape (any), contiguous; each product and sum rounded to fp32 on its own."""
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["momentum", grad.dtype, momentum_buffer.dtype, beta1, beta1.__class__, nesterov,
+                          nesterov.__class__, grad.ndim]  # fmt: skip
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, grad, momentum_buffer)
+            if result is not NotImplemented:
+                return result
     check_tensor(grad, "grad", _FLOATS)
     check_tensor(momentum_buffer, "momentum_buffer", _FLOATS)
     if momentum_buffer.shape != grad.shape:
@@ -91,9 +104,33 @@ def engram_sinkhorn_momentum_update(
         g = dense(grad)
         key = ("momentum", FORMAT_NAMES[grad.dtype], FORMAT_NAMES[momentum_buffer.dtype])
         _KERNELS[key](g.get_device(), g.data_ptr(), momentum_buffer.data_ptr(), out.data_ptr(), beta1,
-                      float(torch.tensor(1 - beta1, dtype=torch.float32)), int(nesterov), g.numel())  # fmt: skip
+                      _one_minus(beta1), int(nesterov), g.numel())  # fmt: skip
         torch.autograd.graph.increment_version(momentum_buffer)
+        if grad.ndim == 1:
+            plan.remember(_PLANS, ("momentum", grad.dtype, momentum_buffer.dtype, beta1, float, nesterov, bool, 1),
+                          _momentum_plan, _KERNELS[key], g.get_device(), grad.dtype, momentum_buffer.dtype, beta1,
+                          nesterov)  # fmt: skip
     return out
+
+
+def _one_minus(beta1: float) -> float:
+    """1 - beta1 rounded to fp32, as torch rounds the reference's Python scalar."""
+    return float(torch.tensor(1 - beta1, dtype=torch.float32))
+
+
+def _momentum_plan(kernel, device, g_dtype, m_dtype, beta1, nesterov):
+    """run(grad, momentum_buffer): both (n,), contiguous, 16-byte aligned, 1 <= n < 2^31."""
+    b = plan.Builder()
+    g = b.tensor(0, g_dtype, ("n",), strides=(1,))
+    m = b.tensor(1, m_dtype, ("n2",), strides=(1,))
+    b.check("n >= 1 and n2 == n and n < 2147483648")
+    b.disjoint(g, m)
+    out = b.alloc(torch.float32, ("n",))
+    b.launch(kernel, device, G=g, MB=m, OUT=out, beta1=beta1, one_minus_beta1=_one_minus(beta1),
+             nesterov=int(nesterov), numel="n")  # fmt: skip
+    b.bump(m)
+    b.returns(out)
+    return b.build()
 
 
 def _check_matrix(matrix, row_scale, col_scale, eps):
@@ -126,6 +163,15 @@ def engram_sinkhorn_step(matrix, row_scale, col_scale, eps: float):
     returns (row_norm (R,): each row's L2 norm before the step, col_sumsq_partial (P, D): the
     column sums of squares after it, in P partial rows, for engram_sinkhorn_step_reduce);
     row_scale /= row_norm + eps in place. P = min(3 x SMs, R) (1 on the CPU or for R = 0)."""
+    if not torch.compiler.is_compiling():
+        try:
+            call = _PLANS["step", eps, eps.__class__]
+        except (KeyError, TypeError):
+            pass
+        else:
+            result = plan.run(call, matrix, row_scale, col_scale)
+            if result is not NotImplemented:
+                return result
     eps = _check_matrix(matrix, row_scale, col_scale, eps)
     if not row_scale.is_contiguous():
         raise ValueError("row_scale must be contiguous (it is updated in place)")
@@ -143,11 +189,41 @@ def engram_sinkhorn_step(matrix, row_scale, col_scale, eps: float):
     _KERNELS["step", "fp32", "fp32"](m.get_device(), m.data_ptr(), row_scale.data_ptr(), cs.data_ptr(), norm.data_ptr(),
                                      partial.data_ptr(), eps, rows, cols, num_ctas)  # fmt: skip
     torch.autograd.graph.increment_version(row_scale)
+    plan.remember(_PLANS, ("step", eps, float), _step_plan, _KERNELS["step", "fp32", "fp32"], m.get_device(), eps,
+                  config.get_num_sms())  # fmt: skip
     return norm, partial
 
 
+def _matrix_args(b: plan.Builder):
+    """matrix (R, D) contiguous, row_scale (R,), col_scale (D,): arguments 0-2 as _check_matrix takes them."""
+    m = b.tensor(0, torch.float32, ("R", "D"), strides=("D", 1))
+    rs = b.tensor(1, torch.float32, ("R1",), strides=(1,), align=4)
+    cs = b.tensor(2, torch.float32, ("D1",), strides=(1,))
+    b.check(f"R >= 1 and R1 == R and D1 == D and D % 4 == 0 and 4 <= D and D <= {MAX_COLS} and R * D < 2147483648")
+    return m, rs, cs
+
+
+def _step_plan(kernel, device, eps, num_sms):
+    """run(matrix, row_scale, col_scale) -> (row_norm, partials); num_sms: config's, at build."""
+    b = plan.Builder()
+    m, rs, cs = _matrix_args(b)
+    b.let("P", f"min(R, {STEP_CTAS_PER_SM * num_sms})")
+    norm = b.alloc(torch.float32, ("R",))
+    partial = b.alloc(torch.float32, ("P", "D"))
+    b.launch(kernel, device, M=m, RS=rs, CS=cs, NORM=norm, P=partial, eps=eps, num_rows="R", num_cols="D",
+             num_ctas="P")  # fmt: skip
+    b.bump(rs)
+    b.returns((norm, partial))
+    return b.build()
+
+
 def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torch.Tensor) -> None:
-    """col_sumsq (D,) = the sum of col_sumsq_partial's (P, D) rows, added in row order (in place)."""
+    """col_sumsq (D,) = the sum of col_sumsq_partial's (P, D) rows, in one fixed order (in place):
+    tilebake.torch.engram.sum_partials."""
+    if not torch.compiler.is_compiling():
+        call = _PLANS.get("step_reduce")
+        if call is not None and plan.run(call, col_sumsq_partial, col_sumsq) is None:
+            return
     check_tensor(col_sumsq_partial, "col_sumsq_partial", (torch.float32,), 2)
     check_tensor(col_sumsq, "col_sumsq", (torch.float32,), 1)
     parts, cols = col_sumsq_partial.shape
@@ -168,12 +244,34 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
     p = dense(col_sumsq_partial)
     _KERNELS["step_reduce", "fp32", "fp32"](p.get_device(), p.data_ptr(), col_sumsq.data_ptr(), parts, cols)
     torch.autograd.graph.increment_version(col_sumsq)
+    plan.remember(_PLANS, "step_reduce", _step_reduce_plan, _KERNELS["step_reduce", "fp32", "fp32"], p.get_device())
+
+
+def _step_reduce_plan(kernel, device):
+    """run(partials (P, D), col_sumsq (D,)): contiguous, 16-byte aligned, P >= 1, D % 4 == 0."""
+    b = plan.Builder()
+    p = b.tensor(0, torch.float32, ("P", "D"), strides=("D", 1))
+    out = b.tensor(1, torch.float32, ("D1",), strides=(1,))
+    b.check("P >= 1 and D1 == D and D >= 4 and D % 4 == 0 and P * D < 2147483648")
+    b.launch(kernel, device, P=p, OUT=out, num_partials="P", num_cols="D")
+    b.bump(out)
+    b.returns(None)
+    return b.build()
 
 
 def engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps: float, alpha: float,
                              out: Optional[torch.Tensor] = None) -> torch.Tensor:  # fmt: skip
     """alpha * diag(row_scale / (row_norm + eps)) matrix diag(col_scale), row_norm the L2 norms of
     diag(row_scale) matrix diag(col_scale)'s rows: fp32 (R, D), into `out` when given (returned)."""
+    if not torch.compiler.is_compiling():
+        try:
+            call = _PLANS["finalize", eps, eps.__class__, alpha, alpha.__class__, out is None]
+        except (KeyError, TypeError):
+            pass
+        else:
+            result = plan.run(call, matrix, row_scale, col_scale, out)
+            if result is not NotImplemented:
+                return result
     eps = _check_matrix(matrix, row_scale, col_scale, eps)
     alpha = _check_float(alpha, "alpha")
     if out is not None:
@@ -195,6 +293,9 @@ def engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps: float, alpha: fl
         m, rs, cs = dense(matrix), dense(row_scale), dense(col_scale)
         _KERNELS["finalize", "fp32", "fp32"](m.get_device(), m.data_ptr(), rs.data_ptr(), cs.data_ptr(),
                                              result.data_ptr(), eps, alpha, rows, cols)  # fmt: skip
+    if out is None or target is not None:
+        plan.remember(_PLANS, ("finalize", eps, float, alpha, float, out is None), _finalize_plan,
+                      _KERNELS["finalize", "fp32", "fp32"], matrix.get_device(), eps, alpha, out is not None)  # fmt: skip
     if out is None:
         return result
     if target is None:
@@ -202,6 +303,22 @@ def engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps: float, alpha: fl
     else:
         torch.autograd.graph.increment_version(out)
     return out
+
+
+def _finalize_plan(kernel, device, eps, alpha, given):
+    """run(matrix, row_scale, col_scale, out): out None, or (given) (R, D) contiguous and aligned."""
+    b = plan.Builder()
+    m, rs, cs = _matrix_args(b)
+    if given:
+        out = b.tensor(3, torch.float32, ("R3", "D3"), strides=("D3", 1))
+        b.check("R3 == R and D3 == D")
+    else:
+        out = b.alloc(torch.float32, ("R", "D"))
+    b.launch(kernel, device, M=m, RS=rs, CS=cs, OUT=out, eps=eps, alpha=alpha, num_rows="R", num_cols="D")
+    if given:
+        b.bump(out)
+    b.returns(out)
+    return b.build()
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace each call as one op ---

@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, check_weight_pair, dense
@@ -30,12 +31,18 @@ class GradWReduceVariant(Variant):
 
 
 _KERNELS = KernelTable(GradWReduceVariant)
+_PLANS = plan.cache()
 
 
 def grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> None:
     """grad_weight_hidden += S * weight_embed and grad_weight_embed += S * weight_hidden in place,
     S the sum of grad_w_partial's (P, hc, H) fp32 partials in order (any P >= 1). Weights: bf16
     (hc, H); gradient buffers: fp32 (hc, H), contiguous."""
+    if not torch.compiler.is_compiling():
+        call = _PLANS.get("bf16")
+        if call is not None and plan.run(call, grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+                                         grad_weight_embed) is None:  # fmt: skip
+            return
     check_weight_pair(weight_hidden, weight_embed)
     check_tensor(grad_w_partial, "grad_w_partial", (torch.float32,), 3)
     shape = tuple(weight_hidden.shape)
@@ -63,6 +70,24 @@ def grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidde
     _KERNELS["bf16",](wh.get_device(), p.data_ptr(), wh.data_ptr(), we.data_ptr(), grad_weight_hidden.data_ptr(),
                       grad_weight_embed.data_ptr(), p.shape[0], numel)  # fmt: skip
     torch.autograd.graph.increment_version([grad_weight_hidden, grad_weight_embed])
+    plan.remember(_PLANS, "bf16", _plan, _KERNELS["bf16",], wh.get_device())
+
+
+def _plan(kernel, device):
+    """run(partials (P, hc, H), wh, we (hc, H) bf16, grad_wh, grad_we (hc, H) fp32): contiguous, aligned."""
+    b = plan.Builder()
+    p = b.tensor(0, torch.float32, ("P", "hc", "H"), strides=("hc * H", "H", 1))
+    names = ("wh", "we", "gh", "ge")
+    dtypes = (torch.bfloat16, torch.bfloat16, torch.float32, torch.float32)
+    wh, we, gh, ge = (b.tensor(i + 1, dt, (f"{n}_r", f"{n}_c"), strides=(f"{n}_c", 1)) for i, (n, dt) in enumerate(zip(names, dtypes)))
+    b.check(" and ".join(f"{n}_r == hc and {n}_c == H" for n in names))
+    b.check("P >= 1 and hc >= 1 and hc <= 8 and (hc * H) % 4 == 0 and P * hc * H < 2147483648")
+    b.disjoint(gh, ge)
+    b.launch(kernel, device, P=p, WH=wh, WE=we, GWH=gh, GWE=ge, num_partials="P", num_cols="hc * H")
+    b.bump(gh)
+    b.bump(ge)
+    b.returns(None)
+    return b.build()
 
 
 register(
