@@ -44,7 +44,10 @@ class MomentumConfig:
     vec: int = FLAT_VEC  # elements a thread
 
 
-MOMENTUM_CONFIG = MomentumConfig()
+# 4 warps, 4 elements a thread (one 16-byte load of each fp32 input): the H200 sweep of
+# bench/tune_engram.py (bench/results/2026-12-01-NVIDIA-H200/session3/call7/tune_engram.log), fp32 at
+# 512M elements: 1948.0 us, 98.9% of copy bandwidth, against 2298.7 for 256 threads x 8 and 2.9 ms x 16.
+MOMENTUM_CONFIG = MomentumConfig(threads=128, vec=4)
 
 
 def candidate_configs():
