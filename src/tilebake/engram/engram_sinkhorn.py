@@ -221,9 +221,13 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
     """col_sumsq (D,) = the sum of col_sumsq_partial's (P, D) rows, in one fixed order (in place):
     tilebake.torch.engram.sum_partials."""
     if not torch.compiler.is_compiling():
-        call = _PLANS.get("step_reduce")
-        if call is not None and plan.run(call, col_sumsq_partial, col_sumsq) is None:
-            return
+        try:
+            call = _PLANS["step_reduce"]
+        except KeyError:
+            pass
+        else:
+            if plan.run(call, col_sumsq_partial, col_sumsq) is None:
+                return
     check_tensor(col_sumsq_partial, "col_sumsq_partial", (torch.float32,), 2)
     check_tensor(col_sumsq, "col_sumsq", (torch.float32,), 1)
     parts, cols = col_sumsq_partial.shape

@@ -39,10 +39,13 @@ def grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidde
     S the sum of grad_w_partial's (P, hc, H) fp32 partials in order (any P >= 1). Weights: bf16
     (hc, H); gradient buffers: fp32 (hc, H), contiguous."""
     if not torch.compiler.is_compiling():
-        call = _PLANS.get("bf16")
-        if call is not None and plan.run(call, grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
-                                         grad_weight_embed) is None:  # fmt: skip
-            return
+        try:
+            call = _PLANS["bf16"]
+        except KeyError:
+            pass
+        else:
+            if plan.run(call, grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) is None:
+                return
     check_weight_pair(weight_hidden, weight_embed)
     check_tensor(grad_w_partial, "grad_w_partial", (torch.float32,), 3)
     shape = tuple(weight_hidden.shape)
