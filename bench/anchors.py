@@ -43,6 +43,8 @@ ORIGINAL = {
     "apply_rotary bf16 32q+8k rot128": (180.9, 98.0),
     # Engram (../shared/anchors/tilekernels-2.1.0_h200.md, its largest shapes; host time not listed)
     "engram_hash L2 N4 M8 T8001": (7.0, None),
+    "engram_gate_fwd hc4 h7168 T8001 save": (393.1, None),
+    "engram_gate_bwd hc4 h7168 T8001": (639.6, None),
     "fused_weight hc4 h7168": (1.5, None),
     "grad_w_reduce hc4 h7168 132 partials": (6.9, None),
     "engram_sinkhorn momentum fp32 numel 512000512": (1939.3, None),
@@ -131,9 +133,21 @@ def _grad_w_inputs(t):
     return (torch.randn(132, 4, H, device="cuda"), *w, torch.zeros(4, H, device="cuda"), torch.zeros(4, H, device="cuda"))
 
 
+def _gate_inputs(t):
+    t = 8001 if t > 1 else 1
+    x, kv, g = bf16(t, 4, H), bf16(t, 5, H), bf16(t, 4, H)
+    w = torch.rand(4, H, device="cuda") + 0.5
+    return x, kv, w, g, tilebake.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-4)[1:]
+
+
 engram = tilebake.engram
 CASES.update({
     "engram_hash L2 N4 M8 T8001": (_hash_inputs, lambda *a: engram.engram_hash(*a)),
+    "engram_gate_fwd hc4 h7168 T8001 save": (_gate_inputs, lambda x, kv, w, g, saved: engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-4)),
+    "engram_gate_bwd hc4 h7168 T8001": (
+        _gate_inputs,
+        lambda x, kv, w, g, saved: engram.engram_gate_bwd(g, x, kv, w, *saved, 1e-4),
+    ),
     "fused_weight hc4 h7168": (lambda t: (bf16(4, H), bf16(4, H)), lambda wh, we: engram.fused_weight(wh, we)),
     "grad_w_reduce hc4 h7168 132 partials": (_grad_w_inputs, lambda *a: engram.grad_w_reduce(*a)),
     "engram_sinkhorn momentum fp32 numel 512000512": (

@@ -133,7 +133,48 @@ def sinkhorn_finalize_case(num_tokens, hidden):
     }
 
 
+def _gate_inputs(num_tokens, hidden):
+    x = torch.randn(num_tokens, HC, hidden, device="cuda").bfloat16()
+    kv = torch.randn(num_tokens, HC + 1, hidden, device="cuda").bfloat16()
+    return x, kv, torch.rand(HC, hidden, device="cuda") + 0.5
+
+
+def _gate_close(got, want):
+    return all(torch.allclose(g.float(), w.float(), rtol=8e-3, atol=8e-3) for g, w in zip(got, want))
+
+
+def gate_fwd_case(num_tokens, hidden):
+    return {
+        "op": "engram_gate_fwd",
+        "variant": f"bf16 hc {HC}, saving",
+        "make": lambda: _gate_inputs(num_tokens, hidden),
+        "fn": lambda x, kv, w: tilebake.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-4),
+        "ref": lambda x, kv, w: ref.engram_gate_fwd_ref(x, kv, w, 1e-6, 1e-4),
+        "bytes": num_tokens * (3 * HC + 1) * hidden * 2 + num_tokens * HC * 16,
+        "check": _gate_close,
+    }
+
+
+def gate_bwd_case(num_tokens, hidden):
+    def make():
+        x, kv, w = _gate_inputs(num_tokens, hidden)
+        saved = tilebake.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-4)[1:]
+        return (torch.randn(num_tokens, HC, hidden, device="cuda").bfloat16(), x, kv, w, *saved)
+
+    return {
+        "op": "engram_gate_bwd",
+        "variant": f"bf16 hc {HC}",
+        "make": make,
+        "fn": lambda *a: tilebake.engram.engram_gate_bwd(*a, 1e-4)[:2],
+        "ref": lambda *a: ref.engram_gate_bwd_ref(*a, 1e-4)[:2],
+        "bytes": num_tokens * (6 * HC + 2) * hidden * 2 + num_tokens * HC * 16,
+        "check": lambda got, want: all(torch.allclose(g.float(), w.float(), rtol=2e-2, atol=2e-2) for g, w in zip(got, want)),
+    }
+
+
 CASES = {
+    "engram_gate_fwd": [gate_fwd_case],
+    "engram_gate_bwd": [gate_bwd_case],
     "engram_hash": [engram_hash_case],
     "fused_weight": [fused_weight_case],
     "grad_w_reduce": [grad_w_reduce_case],

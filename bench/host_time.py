@@ -144,7 +144,12 @@ def _engram():
     m, rs, cs = torch.randn(T, 5120, device=DEVICE), torch.ones(T, device=DEVICE), torch.ones(5120, device=DEVICE)
     _, col_partial = e.engram_sinkhorn_step(m, rs.clone(), cs, 1e-20)
     sumsq, final = torch.empty(5120, device=DEVICE), torch.empty_like(m)
+    x, kv, g = bf16(T, 4, H), bf16(T, 5, H), bf16(T, 4, H)
+    wf = e.fused_weight(wh, we)
+    saved = e.engram_gate_fwd(x, kv, wf, 1e-6, 1e-4)[1:]
     return {
+        "engram_gate_fwd": (lambda: e.engram_gate_fwd(x, kv, wf, 1e-6, 1e-4), None),
+        "engram_gate_bwd": (lambda: e.engram_gate_bwd(g, x, kv, wf, *saved, 1e-4), None),
         "engram_hash": (lambda: e.engram_hash(ids, mul, voc, off), None),
         "fused_weight": (lambda: e.fused_weight(wh, we), None),
         "grad_w_reduce": (None, lambda: e.grad_w_reduce(partial, wh, we, gwh, gwe)),

@@ -134,6 +134,7 @@ inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline float max(float a, float b) { return fmaxf(a, b); }  // CUDA's fmaxf: a NaN operand loses
 inline float min(float a, float b) { return fminf(a, b); }
+inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }  // (CUDA's is approximate: 2 ulp)
 
 // --- byte and vector intrinsics, tilelang's clamp, the e4m3 conversion of the cubins ---
 #define __align__(n) alignas(n)

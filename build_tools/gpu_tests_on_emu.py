@@ -80,6 +80,9 @@ def fake_cuda() -> None:
     from tilebake._runtime import plan
 
     plan.available = lambda: False  # no call plans: every call takes the Python path (the emulated launches)
+    from tilebake import config
+
+    config.get_device_num_sms = lambda: 132  # an H200's: persistent kernels size their grids by it
 
 
 def main(argv: list[str]) -> int:

@@ -26,14 +26,15 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # tilebake.torch (the references) loads on first use: GPU code never needs it, and
     # it is a good part of the import time that counts towards a cold start.
-    if name == "torch":
-        return importlib.import_module("tilebake.torch")
+    if name in ("torch", "modeling"):  # (modeling imports torch's references too)
+        return importlib.import_module(f"tilebake.{name}")
     raise AttributeError(f"module 'tilebake' has no attribute {name!r}")
 
 
 __all__ = [
     "config",
     "engram",
+    "modeling",
     "moe",
     "quant",
     "rand",

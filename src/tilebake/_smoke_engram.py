@@ -57,3 +57,28 @@ def _engram_sinkhorn(d):
     _close("col_sumsq", sumsq, want_sumsq[0])
     final = tilebake.engram.engram_sinkhorn_finalize(_on(m, d), _on(rs, d), _on(cs, d), 1e-20, 0.5)
     _close("finalized", final, ref.engram_sinkhorn_finalize_ref(m, rs, cs, 1e-20, 0.5))
+
+
+@smoke_case("engram_gate_fwd")
+def _engram_gate_fwd(d):
+    g = _gen()
+    x, kv = torch.randn(T, 4, 512, generator=g).bfloat16(), torch.randn(T, 5, 512, generator=g).bfloat16()
+    w, mask = torch.rand(4, 512, generator=g) + 0.5, torch.rand(T, generator=g) < 0.2
+    got = tilebake.engram.engram_gate_fwd(_on(x, d), _on(kv, d), _on(w, d), 1e-6, 1e-4, image_token_mask=_on(mask, d))
+    want = ref.engram_gate_fwd_ref(x, kv, w, 1e-6, 1e-4, mask)
+    for name, a, b in zip(("output", "dot", "gate_score", "rstd_x", "rstd_k"), got, want):
+        tol = 8e-3 if name == "output" else 2e-4
+        _close(name, a.float(), b.float(), tol, tol)
+
+
+@smoke_case("engram_gate_bwd")
+def _engram_gate_bwd(d):
+    g = _gen()
+    x, kv = torch.randn(T, 4, 512, generator=g).bfloat16(), torch.randn(T, 5, 512, generator=g).bfloat16()
+    w, grad = torch.rand(4, 512, generator=g) + 0.5, torch.randn(T, 4, 512, generator=g).bfloat16()
+    saved = ref.engram_gate_fwd_ref(x, kv, w, 1e-6, 1e-4)[1:]
+    got = tilebake.engram.engram_gate_bwd(*(_on(t, d) for t in (grad, x, kv, w, *saved)), 1e-4)
+    want = ref.engram_gate_bwd_ref(grad, x, kv, w, *saved, 1e-4)
+    _close("grad_hidden_states", got[0].float(), want[0].float(), 2e-2, 2e-2)
+    _close("grad_kv", got[1].float(), want[1].float(), 2e-2, 2e-2)
+    _close("grad_w (summed)", got[2].sum(0), want[2][0], 1e-3, 1e-3)

@@ -1,7 +1,5 @@
 """Engram: the hashed n-gram memory's kernels and its Sinkhorn optimizer helpers (the original's
-tile_kernels.engram). Not yet here: engram_gate_fwd / engram_gate_bwd and the autograd gate
-(tilebake.modeling.engram); their references are tilebake.torch.engram_gate_fwd_ref /
-engram_gate_bwd_ref / engram_gate_ref.
+tile_kernels.engram); the autograd gate built on them is tilebake.modeling.engram.
 
 Each op's module (its checks, torch.library schema and kernel table) loads on first use.
 """
@@ -12,6 +10,8 @@ from tilebake._lazy import make_lazy
 _MODULES = {
     "engram_hash": "engram_hash",
     "fused_weight": "fused_weight",
+    "engram_gate_fwd": "engram_gate_fwd",
+    "engram_gate_bwd": "engram_gate_bwd",
     "grad_w_reduce": "grad_w_reduce",
     "engram_sinkhorn_momentum_update": "engram_sinkhorn",
     "engram_sinkhorn_step": "engram_sinkhorn",

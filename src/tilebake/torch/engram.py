@@ -47,14 +47,19 @@ def fused_weight_ref(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) ->
     return weight_hidden.float() * weight_embed.float()
 
 
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """t in the gate's arithmetic dtype: fp32, or fp64 for fp64 inputs (the gradient checks)."""
+    return t.double() if t.dtype == torch.float64 else t.float()
+
+
 def _gate_terms(hidden_states, kv, weight_fused, eps):
     hc, hidden = hidden_states.shape[-2:]
-    x = hidden_states.float()
-    k = kv[..., :hc, :].float()
+    x = _acc(hidden_states)
+    k = _acc(kv[..., :hc, :])
     rstd_x = torch.rsqrt(x.square().mean(-1) + eps)
     rstd_k = torch.rsqrt(k.square().mean(-1) + eps)
-    dot = (x * k * weight_fused.float()).sum(-1)
-    return x, k, kv[..., hc, :].float(), rstd_x, rstd_k, dot, hidden**-0.5
+    dot = (x * k * _acc(weight_fused)).sum(-1)
+    return x, k, _acc(kv[..., hc, :]), rstd_x, rstd_k, dot, hidden**-0.5
 
 
 def _signed_sqrt(d, clamp_value):
@@ -76,10 +81,10 @@ def engram_gate_ref(hidden_states, kv, weight_hidden, weight_embed, clamp_value,
     """The gate from the two RMSNorm weights, differentiable (autograd through torch ops): output,
     or (output, dot, gate_score, rstd_x, rstd_k) with save_for_backward."""
     hc = hidden_states.shape[-2]
-    x, k, v = hidden_states.float(), kv[..., :hc, :].float(), kv[..., hc, :].float()
+    x, k, v = _acc(hidden_states), _acc(kv[..., :hc, :]), _acc(kv[..., hc, :])
     rstd_x = torch.rsqrt(x.square().mean(-1) + eps)
     rstd_k = torch.rsqrt(k.square().mean(-1) + eps)
-    dot = ((x * weight_hidden.float()) * (k * weight_embed.float())).sum(-1)
+    dot = ((x * _acc(weight_hidden)) * (k * _acc(weight_embed))).sum(-1)
     gate = torch.sigmoid(_signed_sqrt(dot * rstd_x * rstd_k * hidden_states.shape[-1] ** -0.5, clamp_value))
     out = (x + gate[..., None] * v[..., None, :]).to(hidden_states.dtype)
     if image_token_mask is not None:
@@ -98,9 +103,9 @@ def engram_gate_bwd_ref(grad_out, hidden_states, kv, weight_fused, dot, gate_sco
     Image tokens: dx = g, dk = dv = 0, nothing to dw."""
     hc, hidden = hidden_states.shape[-2:]
     scale = hidden**-0.5
-    x, k, v = hidden_states.float(), kv[..., :hc, :].float(), kv[..., hc, :].float()
-    g = grad_out.float()
-    w = weight_fused.float()
+    x, k, v = _acc(hidden_states), _acc(kv[..., :hc, :]), _acc(kv[..., hc, :])
+    g = _acc(grad_out)
+    w = _acc(weight_fused)
     d = dot * rstd_x * rstd_k * scale
     passes = (d.abs() >= clamp_value) & (d != 0)
     dsdd = torch.where(passes, 0.5 / torch.sqrt(torch.clamp_min(d.abs(), clamp_value)), torch.zeros_like(d))

@@ -1,0 +1,189 @@
+"""engram_gate_bwd: the Engram gate's gradients from engram_gate_fwd's saved tensors; the
+fused weight's gradient left as per-CTA fp32 partials for grad_w_reduce.
+
+Validate, allocate, launch (kernels_tl/engram/engram_gate_bwd.py: persistent, a CTA per head
+taking every num_ctas_per_head-th token, CTAS_PER_SM CTAs a SM); CPU tensors and rows the kernel does not take go
+to the reference (tilebake.torch.engram.engram_gate_bwd_ref, one partial row). Any hc from 1 to 8
+(the original: 4 only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake import config
+from tilebake._library import register
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.engram._common import check_tensor, dense
+from tilebake.engram.engram_gate_fwd import (
+    HIDDEN_CLASSES,
+    MAX_HIDDEN,
+    check_fused_weight,
+    check_gate_inputs,
+    hidden_class,
+    kernel_rows,
+    row_params,
+)
+
+# Resident CTAs a SM of each variant's persistent grid (kernels_tl/engram/engram_gate_bwd.py CONFIGS).
+CTAS_PER_SM = {4096: 4, 8192: 2, 16384: 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramGateBwdVariant(Variant):
+    family = "engram"
+    op = "engram_gate_bwd"
+    PARAMS = (
+        ptr("G", "X", "K", "V", "W", "DOT", "GATE", "RSTD_X", "RSTD_K", "MASK", "DX", "DK", "DV", "P")
+        + f32("clamp_value")
+        + i32("num_tokens", "hc", "hidden", "num_ctas_per_head", "has_mask")
+        + row_params("g", "x", "k", "dx", "dk")
+        + i32("v_token_stride", "dv_token_stride")
+    )
+
+    in_dtype: str  # 'bf16'
+    max_hidden: int  # a HIDDEN_CLASSES entry: the longest row the kernel's registers hold
+
+    @classmethod
+    def all(cls):
+        return tuple(cls("bf16", h) for h in HIDDEN_CLASSES)
+
+
+_KERNELS = KernelTable(EngramGateBwdVariant)
+
+
+def num_partials(num_tokens: int, hc: int, hidden: int) -> int:
+    """grad_w_partial's rows: the kernel's CTAs a head (set_num_sms respected)."""
+    sms = config.get_num_sms()
+    return max(1, min(num_tokens, CTAS_PER_SM[hidden_class(min(hidden, MAX_HIDDEN))] * sms // hc))
+
+
+def engram_gate_bwd(
+    grad_out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    kv: torch.Tensor,
+    weight_fused: torch.Tensor,
+    dot: torch.Tensor,
+    gate_score: torch.Tensor,
+    rstd_x: torch.Tensor,
+    rstd_k: torch.Tensor,
+    clamp_value: float,
+    image_token_mask: Optional[torch.Tensor] = None,
+):
+    """The gate backward.
+
+    Args:
+        grad_out: (T, hc, H) bf16, the output's gradient.
+        hidden_states, kv, weight_fused, image_token_mask: as given to engram_gate_fwd.
+        dot, gate_score, rstd_x, rstd_k: its saved (T, hc) fp32 tensors.
+        clamp_value: as given to engram_gate_fwd.
+
+    Returns:
+        (grad_hidden_states (T, hc, H) bf16, grad_kv (T, hc + 1, H) bf16, grad_w_partial
+        (P, hc, H) fp32): grad_w_reduce turns the partials into the two weights' gradients.
+    """
+    num_tokens, hc, hidden = check_gate_inputs(hidden_states, kv, image_token_mask)
+    grad_kv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
+    dx, partial = gate_backward(grad_out, hidden_states, kv[:, :hc], kv[:, hc], weight_fused, dot, gate_score,
+                                rstd_x, rstd_k, clamp_value, image_token_mask, grad_kv[:, :hc], grad_kv[:, hc])  # fmt: skip
+    return dx, grad_kv, partial
+
+
+def _check_saved(saved, num_tokens, hc, like):
+    for name, t in saved.items():
+        check_tensor(t, name, (torch.float32,), 2)
+        if tuple(t.shape) != (num_tokens, hc):
+            raise ValueError(f"{name} must be (T, hc) = {(num_tokens, hc)}, got {tuple(t.shape)}")
+        if t.device != like.device:
+            raise ValueError(f"{name} must be on {like.device} (as hidden_states), got {t.device}")
+
+
+def gate_backward(grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask,
+                  dk, dv):  # fmt: skip
+    """(grad_x, grad_w_partial), with k's and v's gradients written into dk (T, hc, H) and dv
+    (T, H): views of one grad_kv, or separate tensors (the 1.0 form)."""
+    num_tokens, hc, hidden = check_gate_inputs(x, None, image_token_mask, k, v)
+    check_tensor(grad_out, "grad_out", (torch.bfloat16,), 3)
+    if grad_out.shape != x.shape:
+        raise ValueError(f"grad_out must be hidden_states' shape {tuple(x.shape)}, got {tuple(grad_out.shape)}")
+    if grad_out.device != x.device:
+        raise ValueError(f"grad_out must be on {x.device} (as hidden_states), got {grad_out.device}")
+    check_fused_weight(weight_fused, hc, hidden, x)
+    saved = dict(dot=dot, gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
+    _check_saved(saved, num_tokens, hc, x)
+    if not isinstance(clamp_value, (int, float)) or isinstance(clamp_value, bool):
+        raise TypeError(f"clamp_value must be a float, got {type(clamp_value).__name__}")
+    if torch.compiler.is_compiling():
+        dx, dk_new, dv_new, partial = torch.ops.tilebake.engram_gate_bwd(
+            grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, float(clamp_value), image_token_mask
+        )
+        dk.copy_(dk_new)
+        dv.copy_(dv_new)
+        return dx, partial
+    return _backward(grad_out, x, k, v, weight_fused, saved, float(clamp_value), image_token_mask, dk, dv)
+
+
+def _backward(grad_out, x, k, v, w, saved, clamp_value, mask, dk, dv):
+    num_tokens, hc, hidden = x.shape
+    use_kernel = (
+        x.is_cuda and num_tokens > 0 and hidden % 8 == 0 and hidden <= MAX_HIDDEN
+        and kernel_rows(grad_out, x, k, v, dk, dv)
+    )  # fmt: skip
+    if not use_kernel:
+        from tilebake.torch.engram import engram_gate_bwd_ref
+
+        dx, grad_kv, partial = engram_gate_bwd_ref(grad_out, x, torch.cat([k, v[:, None]], 1), w, *saved.values(),
+                                                   clamp_value, mask)  # fmt: skip
+        dk.copy_(grad_kv[:, :hc])
+        dv.copy_(grad_kv[:, hc])
+        if x.is_cuda:  # the kernel's row count (what torch.compile's meta says), zeros below the sum
+            partial = torch.cat([partial, partial.new_zeros((num_partials(num_tokens, hc, hidden) - 1, hc, hidden))])
+        return dx, partial
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    ctas = num_partials(num_tokens, hc, hidden)
+    partial = x.new_empty((ctas, hc, hidden), dtype=torch.float32)
+    w = dense(w)
+    saved = {n: dense(t) for n, t in saved.items()}
+    mask = dense(mask) if mask is not None else None
+    args = dict(
+        G=grad_out.data_ptr(), X=x.data_ptr(), K=k.data_ptr(), V=v.data_ptr(), W=w.data_ptr(),
+        DOT=saved["dot"].data_ptr(), GATE=saved["gate_score"].data_ptr(), RSTD_X=saved["rstd_x"].data_ptr(),
+        RSTD_K=saved["rstd_k"].data_ptr(), MASK=mask.data_ptr() if mask is not None else 0, DX=dx.data_ptr(),
+        DK=dk.data_ptr(), DV=dv.data_ptr(), P=partial.data_ptr(), clamp_value=clamp_value,
+        num_tokens=num_tokens, hc=hc, hidden=hidden, num_ctas_per_head=ctas, has_mask=int(mask is not None),
+        v_token_stride=v.stride(0), dv_token_stride=dv.stride(0),
+    )  # fmt: skip
+    for name, t in (("g", grad_out), ("x", x), ("k", k), ("dx", dx), ("dk", dk)):
+        args[f"{name}_token_stride"], args[f"{name}_head_stride"] = t.stride(0), t.stride(1)
+    kernel = _KERNELS["bf16", hidden_class(hidden)]
+    kernel(x.get_device(), *[args[n] for n in kernel.arg_names])
+    return dx, partial
+
+
+# --- torch.library: lets torch.compile(fullgraph=True) trace the backward; eager calls skip it ---
+
+
+def _op_impl(g, x, k, v, w, dot, gate, rx, rk, clamp_value, mask):
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    saved = dict(dot=dot, gate_score=gate, rstd_x=rx, rstd_k=rk)
+    dx, partial = _backward(g, x, k, v, w, saved, clamp_value, mask, dk, dv)
+    return dx, dk, dv, partial
+
+
+def _meta(g, x, k, v, w, dot, gate, rx, rk, clamp_value, mask):
+    rows = num_partials(*x.shape) if x.device.type != "cpu" else 1
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format), x.new_empty((rows, *x.shape[1:]), dtype=torch.float32))  # fmt: skip
+
+
+register(
+    "engram_gate_bwd(Tensor grad_out, Tensor x, Tensor k, Tensor v, Tensor weight_fused, Tensor dot, Tensor gate_score,"
+    " Tensor rstd_x, Tensor rstd_k, float clamp_value, Tensor? image_token_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    _op_impl,
+    _meta,
+)
