@@ -121,3 +121,66 @@ def test_fused_weight_plan():
     assert out.shape == (4, 7168) and out.dtype == torch.float32
     assert launched(kernel, launches) == dict(WH=wh.data_ptr(), WE=we.data_ptr(), W=out.data_ptr(), numel=4 * 7168)
     assert trace(p, wh, we[:, :128])[0] is NotImplemented
+
+
+gate_fwd = importlib.import_module("tilebake.engram.engram_gate_fwd")
+gate_bwd = importlib.import_module("tilebake.engram.engram_gate_bwd")
+
+
+def gate_tensors(num_tokens=5, hc=3, hidden=5120):
+    x = torch.randn(num_tokens, hc, hidden).bfloat16()
+    kv = torch.randn(num_tokens, hc + 1, hidden).bfloat16()
+    return x, kv, torch.rand(hc, hidden) + 0.5
+
+
+@pytest.mark.parametrize("save,with_mask,inplace", [(True, False, False), (True, True, False), (False, False, True),
+                                                    (False, True, False)])  # fmt: skip
+def test_gate_fwd_plan(save, with_mask, inplace):
+    kernel = ManifestKernel(gate_fwd.EngramGateFwdVariant("bf16", 8192))
+    p = gate_fwd._plan(kernel, 0, 5120, 1e-6, 1e-4, save, with_mask, inplace, 132)
+    x, kv, w = gate_tensors()
+    mask = torch.zeros(5, dtype=torch.bool) if with_mask else None
+    out, launches = trace(p, x, kv, w, mask)
+    assert len(out) == 5 and (out[0] is x if inplace else out[0].shape == x.shape and out[0].is_contiguous())
+    assert all((t is None) != save for t in out[1:]) and all(t.shape == (5, 3) for t in out[1:] if t is not None)
+    got = launched(kernel, launches)
+    saved = [t.data_ptr() if t is not None else 0 for t in out[1:]]
+    assert got == dict(
+        X=x.data_ptr(), K=kv.data_ptr(), V=kv.data_ptr() + 3 * 5120 * 2, W=w.data_ptr(),
+        MASK=mask.data_ptr() if with_mask else 0, OUT=out[0].data_ptr(), DOT=saved[0], GATE=saved[1], RSTD_X=saved[2],
+        RSTD_K=saved[3], eps=pytest.approx(1e-6), clamp_value=pytest.approx(1e-4), num_tokens=5, hc=3, hidden=5120,
+        num_ctas_per_head=5, has_mask=int(with_mask), save=int(save), x_token_stride=3 * 5120, x_head_stride=5120,
+        k_token_stride=4 * 5120, k_head_stride=5120, out_token_stride=3 * 5120, out_head_stride=5120,
+        v_token_stride=4 * 5120,
+    )  # fmt: skip
+    for bad in [(x[..., :4096], kv, w), (x, kv[:, :3], w), (x, kv, w[:2]), (misaligned(x), kv, w), (x[:0], kv[:0], w),
+                (x, kv, w.double())]:  # fmt: skip
+        assert trace(p, *bad, mask)[0] is NotImplemented
+    heads_major = x.transpose(0, 1).contiguous().transpose(0, 1)  # other strides the kernel takes
+    assert trace(p, heads_major, kv, w, mask)[0] is not NotImplemented
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_gate_bwd_plan(with_mask):
+    kernel = ManifestKernel(gate_bwd.EngramGateBwdVariant("bf16", 8192))
+    p = gate_bwd._plan(kernel, 0, 5120, 1e-4, with_mask, 132)
+    x, kv, w = gate_tensors(num_tokens=200)
+    g = torch.randn(200, 3, 5120).bfloat16()
+    saved = [torch.rand(200, 3) for _ in range(4)]
+    mask = torch.zeros(200, dtype=torch.bool) if with_mask else None
+    (dx, dkv, partial), launches = trace(p, g, x, kv, w, *saved, mask)
+    assert dx.shape == x.shape and dkv.shape == kv.shape and partial.shape == (2 * 132 // 3, 3, 5120)
+    got = launched(kernel, launches)
+    assert got == dict(
+        G=g.data_ptr(), X=x.data_ptr(), K=kv.data_ptr(), V=kv.data_ptr() + 3 * 5120 * 2, W=w.data_ptr(),
+        DOT=saved[0].data_ptr(), GATE=saved[1].data_ptr(), RSTD_X=saved[2].data_ptr(), RSTD_K=saved[3].data_ptr(),
+        MASK=mask.data_ptr() if with_mask else 0, DX=dx.data_ptr(), DK=dkv.data_ptr(), DV=dkv.data_ptr() + 3 * 5120 * 2,
+        P=partial.data_ptr(), clamp_value=pytest.approx(1e-4), num_tokens=200, hc=3, hidden=5120,
+        num_ctas_per_head=2 * 132 // 3, has_mask=int(with_mask), g_token_stride=3 * 5120, g_head_stride=5120,
+        x_token_stride=3 * 5120, x_head_stride=5120, k_token_stride=4 * 5120, k_head_stride=5120,
+        dx_token_stride=3 * 5120, dx_head_stride=5120, dk_token_stride=4 * 5120, dk_head_stride=5120,
+        v_token_stride=4 * 5120, dv_token_stride=4 * 5120,
+    )  # fmt: skip
+    assert trace(p, g[:, :2], x, kv, w, *saved, mask)[0] is NotImplemented
+    assert trace(p, g, x, kv, w, saved[0][:, :2], *saved[1:], mask)[0] is NotImplemented
+    assert trace(p, g, x, kv, w, saved[0].t().contiguous().t(), *saved[1:], mask)[0] is NotImplemented

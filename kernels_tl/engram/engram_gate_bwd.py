@@ -6,7 +6,8 @@ The head's fused weight row is loaded once into shared memory, and its gradient 
 the CTA's tokens in registers or shared memory (dw_in_smem), each thread its own columns, and
 written once to the CTA's row P[c, h] of the partials (grad_w_reduce adds the rows in order).
 THREADS threads own VEC contiguous columns per pass, PASSES passes cover the variant's max_hidden.
-Per token t:
+Per token t, every load issued first (the saved scalars, the rows, the dv slice's g), so their
+latencies overlap:
 
 1. g_h's and v's rows (and x_h's, k_h's with xk_ahead); per thread sum_j g_hj v_j in pass order,
    a butterfly in each warp, the warps' partials in warp order (shared, by token parity).
@@ -26,7 +27,20 @@ import tilelang.language as T
 
 from tilebake.engram.engram_gate_bwd import CTAS_PER_SM
 
-PASS_# The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session4/):
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # guarded per vector below
+DV_HEADS = 4  # heads whose g the dv slice loads at once (registers: DV_HEADS x VEC bf16)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int
+    vec: int  # bf16 columns a thread per pass
+    ctas_per_sm: int  # resident CTAs a SM (the host launches this many x SMs: CTAS_PER_SM)
+    xk_ahead: bool  # load x and k with g and v (before the reduction) rather than after it
+    dw_in_smem: bool  # the weight gradient's running sum in shared memory rather than registers
+
+
+# The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session4/):
 # at 8001 x 4 x 7168, 256 threads, 2 CTAs a SM, x and k loaded up front, dw in shared memory:
 # 833-941 us over two runs (run-to-run spread ~10%), against 1006-1106 for 512 x 1 and 1300-3000
 # for 3 CTAs a SM (spills). The other classes take the same registers a thread.

@@ -16,9 +16,10 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
-from tilebake.engram._common import check_tensor, dense
+from tilebake.engram._common import MAX_HC, check_tensor, dense
 from tilebake.engram.engram_gate_fwd import (
     HIDDEN_CLASSES,
     MAX_HIDDEN,
@@ -54,6 +55,7 @@ class EngramGateBwdVariant(Variant):
 
 
 _KERNELS = KernelTable(EngramGateBwdVariant)
+_PLANS = plan.cache()  # by (H, clamp_value with its class, no mask)
 
 
 def num_partials(num_tokens: int, hc: int, hidden: int) -> int:
@@ -86,11 +88,63 @@ def engram_gate_bwd(
         (grad_hidden_states (T, hc, H) bf16, grad_kv (T, hc + 1, H) bf16, grad_w_partial
         (P, hc, H) fp32): grad_w_reduce turns the partials into the two weights' gradients.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[hidden_states.shape[-1], clamp_value, clamp_value.__class__, image_token_mask is None]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
+            result = plan.run(call, grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k,
+                              image_token_mask)  # fmt: skip
+            if result is not NotImplemented:
+                return result
     num_tokens, hc, hidden = check_gate_inputs(hidden_states, kv, image_token_mask)
     grad_kv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
     dx, partial = gate_backward(grad_out, hidden_states, kv[:, :hc], kv[:, hc], weight_fused, dot, gate_score,
                                 rstd_x, rstd_k, clamp_value, image_token_mask, grad_kv[:, :hc], grad_kv[:, hc])  # fmt: skip
+    if hidden_states.is_cuda and hidden % 8 == 0 and hidden <= MAX_HIDDEN and not torch.compiler.is_compiling():
+        key = (hidden, clamp_value, clamp_value.__class__, image_token_mask is None)
+        plan.remember(_PLANS, key, _plan, _KERNELS["bf16", hidden_class(hidden)], hidden_states.get_device(), hidden,
+                      float(clamp_value), image_token_mask is not None, config.get_num_sms())  # fmt: skip
     return dx, grad_kv, partial
+
+
+def _plan(kernel, device, hidden, clamp_value, has_mask, num_sms):
+    """run(grad_out, hidden_states, kv, weight_fused, dot, gate_score, rstd_x, rstd_k, mask) ->
+    (grad_hidden_states, grad_kv, grad_w_partial): rows as kernel_rows takes them, the saved
+    (T, hc) tensors contiguous."""
+    b = plan.Builder()
+    g = b.tensor(0, torch.bfloat16, ("T", "hc", "H"), strides=("gts", "ghs", 1))
+    x = b.tensor(1, torch.bfloat16, ("T1", "hc1", "H1"), strides=("xts", "xhs", 1))
+    kv = b.tensor(2, torch.bfloat16, ("T2", "hc2", "H2"), strides=("kts", "khs", 1))
+    w = b.tensor(3, torch.float32, ("hc3", "H3"), strides=("H3", 1))
+    saved = [b.tensor(4 + i, torch.float32, (f"T{4 + i}", f"hc{4 + i}"), strides=("hc", 1), align=4) for i in range(4)]
+    b.check(f"T >= 1 and H == {hidden} and T1 == T and hc1 == hc and H1 == H and T2 == T and hc2 == hc + 1 and H2 == H")
+    b.check(f"hc3 == hc and H3 == H and hc >= 1 and hc <= {MAX_HC}")
+    b.check(" and ".join(f"T{4 + i} == T and hc{4 + i} == hc" for i in range(4)))
+    b.check("gts >= 0 and ghs >= 0 and xts >= 0 and xhs >= 0 and kts >= 0 and khs >= 0")
+    b.check("gts % 8 == 0 and ghs % 8 == 0 and xts % 8 == 0 and xhs % 8 == 0 and kts % 8 == 0 and khs % 8 == 0")
+    b.check("(T - 1) * gts + (hc - 1) * ghs + H < 2147483648 and (T - 1) * xts + (hc - 1) * xhs + H < 2147483648")
+    b.check("(T - 1) * kts + hc * khs + H < 2147483648 and T * (hc + 1) * H < 2147483648")
+    mask = b.tensor(8, torch.bool, ("T8",), strides=(1,), align=1) if has_mask else None
+    if has_mask:
+        b.check("T8 == T")
+    b.let("P", f"max(1, min(T, {CTAS_PER_SM[hidden_class(hidden)] * num_sms} // hc))")  # num_partials
+    dx = b.alloc(torch.bfloat16, ("T", "hc", "H"))
+    grad_kv = b.alloc(torch.bfloat16, ("T", "hc + 1", "H"))
+    partial = b.alloc(torch.float32, ("P", "hc", "H"))
+    b.address(kv, "kvp")
+    b.address(grad_kv, "gkvp")
+    b.launch(
+        kernel, device, G=g, X=x, K=kv, V="kvp + hc * khs * 2", W=w, DOT=saved[0], GATE=saved[1], RSTD_X=saved[2],
+        RSTD_K=saved[3], MASK=mask, DX=dx, DK=grad_kv, DV="gkvp + hc * H * 2", P=partial, clamp_value=clamp_value,
+        num_tokens="T", hc="hc", hidden="H", num_ctas_per_head="P", has_mask=int(has_mask), g_token_stride="gts",
+        g_head_stride="ghs", x_token_stride="xts", x_head_stride="xhs", k_token_stride="kts", k_head_stride="khs",
+        dx_token_stride="hc * H", dx_head_stride="H", dk_token_stride="(hc + 1) * H", dk_head_stride="H",
+        v_token_stride="kts", dv_token_stride="(hc + 1) * H",
+    )  # fmt: skip
+    b.returns((dx, grad_kv, partial))
+    return b.build()
 
 
 def _check_saved(saved, num_tokens, hc, like):

@@ -19,6 +19,7 @@ import torch
 
 from tilebake import config
 from tilebake._library import register
+from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.engram._common import MAX_HC, check_same_device, check_tensor, dense
@@ -68,6 +69,7 @@ class EngramGateFwdVariant(Variant):
 
 
 _KERNELS = KernelTable(EngramGateFwdVariant)
+_PLANS = plan.cache()  # by (H, eps, clamp_value with their classes, save_for_backward, no mask, inplace)
 
 
 def check_gate_inputs(hidden_states, kv, image_token_mask, k=None, v=None) -> tuple[int, int, int]:
@@ -143,8 +145,61 @@ def engram_gate_fwd(
     Returns:
         (output, dot, gate_score, rstd_x, rstd_k); the last four None without save_for_backward.
     """
-    return gate_forward(hidden_states, None, None, kv, weight_fused, eps, clamp_value, save_for_backward,
-                        image_token_mask, inplace)  # fmt: skip
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            key = (hidden_states.shape[-1], eps, eps.__class__, clamp_value, clamp_value.__class__, save_for_backward,
+                   image_token_mask is None, inplace)  # fmt: skip
+            call = _PLANS[key]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
+            result = plan.run(call, hidden_states, kv, weight_fused, image_token_mask)
+            if result is not NotImplemented:
+                return result
+    result = gate_forward(hidden_states, None, None, kv, weight_fused, eps, clamp_value, save_for_backward,
+                          image_token_mask, inplace)  # fmt: skip
+    hidden = hidden_states.shape[-1]
+    if hidden_states.is_cuda and hidden % 8 == 0 and hidden <= MAX_HIDDEN and not torch.compiler.is_compiling():
+        key = (hidden, eps, eps.__class__, clamp_value, clamp_value.__class__, save_for_backward, image_token_mask is None,
+               inplace)  # fmt: skip
+        plan.remember(_PLANS, key, _plan, _KERNELS["bf16", hidden_class(hidden)], hidden_states.get_device(), hidden,
+                      float(eps), float(clamp_value), bool(save_for_backward), image_token_mask is not None,
+                      bool(inplace), config.get_num_sms())  # fmt: skip
+    return result
+
+
+def _plan(kernel, device, hidden, eps, clamp_value, save, has_mask, inplace, num_sms):
+    """run(hidden_states (T, hc, H), kv (T, hc + 1, H), weight_fused (hc, H), image_token_mask):
+    as kernel_rows takes them (contiguous last dims, 16-byte aligned rows, offsets below 2^31)."""
+    b = plan.Builder()
+    x = b.tensor(0, torch.bfloat16, ("T", "hc", "H"), strides=("xts", "xhs", 1))
+    kv = b.tensor(1, torch.bfloat16, ("T1", "hc1", "H1"), strides=("kts", "khs", 1))
+    w = b.tensor(2, torch.float32, ("hc2", "H2"), strides=("H2", 1))
+    b.check(f"T >= 1 and H == {hidden} and T1 == T and hc1 == hc + 1 and H1 == H and hc2 == hc and H2 == H")
+    b.check(f"hc >= 1 and hc <= {MAX_HC} and xts >= 0 and xhs >= 0 and kts >= 0 and khs >= 0")
+    b.check("xts % 8 == 0 and xhs % 8 == 0 and kts % 8 == 0 and khs % 8 == 0")
+    b.check("(T - 1) * xts + (hc - 1) * xhs + H < 2147483648 and (T - 1) * kts + hc * khs + H < 2147483648")
+    b.check("T * hc * H < 2147483648")
+    mask = b.tensor(3, torch.bool, ("T3",), strides=(1,), align=1) if has_mask else None
+    if has_mask:
+        b.check("T3 == T")
+    if inplace:
+        b.disjoint(x, kv)
+    out = x if inplace else b.alloc(torch.bfloat16, ("T", "hc", "H"))
+    saved = [b.alloc(torch.float32, ("T", "hc")) for _ in range(4)] if save else [None] * 4
+    b.address(kv, "kvp")
+    b.let("per_head", f"max(1, min(T, {CTAS_PER_SM[hidden_class(hidden)] * num_sms} // hc))")
+    b.launch(
+        kernel, device, X=x, K=kv, V="kvp + hc * khs * 2", W=w, MASK=mask, OUT=out, DOT=saved[0], GATE=saved[1],
+        RSTD_X=saved[2], RSTD_K=saved[3], eps=eps, clamp_value=clamp_value, num_tokens="T", hc="hc", hidden="H",
+        num_ctas_per_head="per_head", has_mask=int(has_mask), save=int(save), x_token_stride="xts",
+        x_head_stride="xhs", k_token_stride="kts", k_head_stride="khs", out_token_stride="xts" if inplace else "hc * H",
+        out_head_stride="xhs" if inplace else "H", v_token_stride="kts",
+    )  # fmt: skip
+    if inplace:
+        b.bump(x)
+    b.returns((out, *saved))
+    return b.build()
 
 
 def gate_forward(hidden_states, k, v, kv, weight_fused, eps, clamp_value, save_for_backward, image_token_mask,
