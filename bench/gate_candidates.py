@@ -14,7 +14,6 @@ scores rows that now read 0).
 
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,27 +35,20 @@ T, E, K = 16384, 256, 8
 
 
 def build(out: Path, *only):
-    import os
 
     sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
     import aot
-    import tilelang
+    import harness
 
     from tilebake.moe.moe_topk_gate_forward import MoeTopkGateForwardVariant
 
-    tl = os.path.dirname(tilelang.__file__)
     v = MoeTopkGateForwardVariant("sqrtsoftplus", 256)
     for name, kwargs in CANDIDATES.items():
         if only and name not in only:
             continue
         stem = f"{v.id}.{name}"
         aot.lower_one(v, "sm_90a", out, build_kwargs=kwargs, stem=stem)
-        subprocess.run(
-            ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-             "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
-             str(out / "sm_90a" / f"{stem}.cu")],
-            check=True,
-        )  # fmt: skip
+        harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
         print("built", stem, flush=True)
 
 

@@ -97,6 +97,22 @@ def host_us_per_call(fn, args, calls: int = 200, rounds: int = 15) -> float:
     return best
 
 
+def compile_cubin(cu: Path) -> str:
+    """Tuning builds (the build host): nvcc a lowered kernel (cu, as aot.lower_one wrote it) to the
+    .cubin beside it, for sm_90a, as the wheel build compiles; returns ptxas' registers / spills line."""
+    import subprocess
+
+    import tilelang
+
+    tl = os.path.dirname(tilelang.__file__)
+    r = subprocess.run(
+        ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
+         "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return "; ".join(ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln)
+
+
 def copy_bandwidth_gbs(nbytes: int = 2 * 2**30) -> float:
     """Device-to-device copy (bytes read + bytes written per second): the memory ceiling."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,15 +29,13 @@ T_, H_ = 16384, 7168
 
 def build(out: Path, only: str = ""):
     sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
-    import os
 
     import aot
-    import tilelang
+    import harness
 
     from kernels_tl.quant import per_token_cast as k
     from tilebake.quant.per_token_cast import PerTokenCastVariant
 
-    tl = os.path.dirname(tilelang.__file__)
     jobs = []
     for mode in ("ue8m0", "fp32"):
         v = PerTokenCastVariant("bf16", "e4m3", 128, mode)
@@ -48,12 +45,7 @@ def build(out: Path, only: str = ""):
                 jobs.append((v, cfg, stem))
     for v, cfg, stem in jobs:
         aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
-        cmd = ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-               "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-               "-o", str(out / "sm_90a" / f"{stem}.cubin"), str(out / "sm_90a" / f"{stem}.cu")]  # fmt: skip
-        r = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        regs = re.search(r"Used (\d+) registers", r.stderr)
-        print("built", stem, "regs", regs.group(1) if regs else "?", flush=True)
+        print("built", stem, harness.compile_cubin(out / "sm_90a" / f"{stem}.cu"), flush=True)
 
 
 # --- GPU side ---

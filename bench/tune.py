@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,13 +56,11 @@ def _stem(v, cfg):
 
 def build(out: Path, op: str, only: str = ""):
     vt = _variant_type(op)
-    import os
 
     import aot
-    import tilelang
+    import harness
 
     kernels = importlib.import_module(f"kernels_tl.quant.{op}")
-    tl = os.path.dirname(tilelang.__file__)
     for fields in _variants(op):
         v = vt(**fields)
         for cfg in kernels.candidate_configs():
@@ -75,12 +72,7 @@ def build(out: Path, op: str, only: str = ""):
             except BaseException as e:  # a config the kernel cannot express
                 print("skip", stem, e)
                 continue
-            subprocess.run(
-                ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-                 "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
-                 str(out / "sm_90a" / f"{stem}.cu")],
-                check=True,
-            )  # fmt: skip
+            harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
             print("built", stem, flush=True)
 
 

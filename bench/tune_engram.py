@@ -7,7 +7,6 @@ python bench/tune_engram.py run DIR     # GPU: check each candidate's bytes, tim
 
 import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,25 +20,18 @@ def _stem(v, cfg):
 
 def build(out: Path):
     sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
-    import os
 
     import aot
-    import tilelang
+    import harness
 
     from kernels_tl.engram import engram_sinkhorn as kernels
     from tilebake.engram.engram_sinkhorn import EngramSinkhornVariant
 
-    tl = os.path.dirname(tilelang.__file__)
     v = EngramSinkhornVariant("momentum", "fp32", "fp32")
     for cfg in kernels.candidate_configs():
         stem = _stem(v, cfg)
         aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
-        subprocess.run(
-            ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-             "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
-             str(out / "sm_90a" / f"{stem}.cu")],
-            check=True,
-        )  # fmt: skip
+        harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
         print("built", stem, flush=True)
 
 

@@ -9,8 +9,6 @@ python bench/tune_engram_gate.py run DIR     # GPU: each candidate through the p
 import dataclasses
 import json
 import operator
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,9 +26,8 @@ def build(out: Path):
     import importlib
 
     import aot
-    import tilelang
+    import harness
 
-    tl = os.path.dirname(tilelang.__file__)
     for stage in sys.argv[3].split(",") if len(sys.argv) > 3 else STAGES:
         kernels = importlib.import_module(f"kernels_tl.engram.engram_gate_{stage}")
         op = importlib.import_module(f"tilebake.engram.engram_gate_{stage}")
@@ -38,12 +35,7 @@ def build(out: Path):
         for cfg in kernels.candidate_configs():
             stem = _stem(stage, cfg)
             aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
-            subprocess.run(
-                ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-                 "-gencode", "arch=compute_90a,code=sm_90a", "-o", str(out / "sm_90a" / f"{stem}.cubin"),
-                 str(out / "sm_90a" / f"{stem}.cu")],
-                check=True,
-            )  # fmt: skip
+            harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
             (out / "sm_90a" / f"{stem}.cfg").write_text(json.dumps(dataclasses.asdict(cfg)))
             print("built", stem, flush=True)
 

@@ -17,9 +17,7 @@ at T = 1 beside torch.mul(out=) (when the kernel wheel is installed).
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,17 +55,9 @@ def _configs(v):
 
 
 def _nvcc(out: Path, stem: str):
-    import tilelang
+    import harness
 
-    tl = os.path.dirname(tilelang.__file__)
-    cu = out / "sm_90a" / f"{stem}.cu"
-    r = subprocess.run(
-        ["nvcc", "--cubin", "-O3", "-std=c++20", "-w", f"-I{tl}/src", f"-I{tl}/3rdparty/cutlass/include",
-         "-gencode", "arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    info = "; ".join(ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln)
-    print(f"built {stem}: {info}", flush=True)
+    print(f"built {stem}: {harness.compile_cubin(out / 'sm_90a' / f'{stem}.cu')}", flush=True)
 
 
 def build(out: Path, only: str = ""):
