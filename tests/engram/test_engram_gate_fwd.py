@@ -91,6 +91,8 @@ def test_rejects_bad_arguments():
         gate(x, kv, w, EPS, CLAMP, image_token_mask=torch.zeros(5, dtype=torch.bool))
     with pytest.raises(TypeError, match="eps must be a float"):
         gate(x, kv, w, None, CLAMP)
+    with pytest.raises(ValueError, match="kv must be on a CUDA device or the CPU, got meta"):
+        gate(x, kv.to("meta"), w, EPS, CLAMP)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="kv must be on"):
             gate(x.cuda(), kv, w.cuda(), EPS, CLAMP)
