@@ -1,0 +1,331 @@
+"""The Engram Sinkhorn optimizer helpers, as TileLang factories (build time only), one per stage:
+
+- momentum: flat, VEC elements a thread. s = g * (1 - beta1), m = s + m * beta1 (stored back in
+  the buffer's dtype), out = m * beta1 + s (nesterov) or m, every product and sum rounded on its
+  own (T.ieee_*: nvcc contracts nothing), as the reference's separate torch ops.
+- step: persistent, num_ctas CTAs, CTA c taking rows c, c + num_ctas, ...; a row's THREADS x 4
+  column chunks (PASSES of them cover MAX_COLS) in registers, it = (row_scale * M) * col_scale,
+  norm = sqrt(sum(it^2)) (a butterfly in each warp, the warps' partials in order),
+  row_scale /= norm + eps, and each thread adds ((row_scale * M) * col_scale)^2 of its columns to
+  registers, written once to the CTA's row of the partials: the sums run in a fixed order.
+- step_reduce: kernels_tl/engram/common.py's sum_partial_rows (a fixed order: 8 warps take
+  every 8th row, then the warps' sums in warp order), 128 columns a CTA.
+- finalize: one CTA per row: alpha * (row_scale / (norm + eps)) * M * col_scale.
+"""
+
+import dataclasses
+
+import tilelang.language as T
+
+from kernels_tl.engram.common import (
+    REDUCE_COLS,
+    REDUCE_THREADS,
+    REDUCE_UNROLL,
+    REDUCE_VEC,
+    REDUCE_WARPS,
+    sum_partial_rows,
+)
+from tilebake.engram.engram_sinkhorn import MAX_COLS, STEP_CTAS_PER_SM, EngramSinkhornVariant
+
+THREADS = 256
+VEC = 4  # fp32 columns a thread owns per pass (one 16-byte vector)
+PASS = THREADS * VEC
+PASSES = MAX_COLS // PASS
+WARPS = THREADS // 32
+FLAT_VEC = 8  # momentum: elements a thread
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # guarded per vector below
+
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentumConfig:
+    threads: int = THREADS
+    vec: int = FLAT_VEC  # elements a thread
+
+
+# 4 warps, 4 elements a thread (one 16-byte load of each fp32 input): the H200 sweep of
+# bench/tune_engram.py (bench/results/2026-12-01-NVIDIA-H200/session3/call7/tune_engram.log), fp32 at
+# 512M elements: 1948.0 us, 98.9% of copy bandwidth, against 2298.7 for 256 threads x 8 and 2.9 ms x 16.
+MOMENTUM_CONFIG = MomentumConfig(threads=128, vec=4)
+
+
+def candidate_configs():
+    """The momentum update's search space (python bench/tune_engram.py build|run DIR)."""
+    return [MomentumConfig(t, e) for t in (128, 256, 512) for e in (4, 8, 16)]
+
+
+def build(v: EngramSinkhornVariant, cfg=None):
+    if v.stage == "momentum":
+        return _momentum(v, cfg or MOMENTUM_CONFIG)
+    if v.stage == "step":
+        return _step(v, cfg)
+    return {"step_reduce": _step_reduce, "finalize": _finalize}[v.stage](v)
+
+
+def _momentum(v, cfg):
+    THREADS, FLAT_VEC = cfg.threads, cfg.vec
+    n = T.dynamic("numel")
+    g_dtype, m_dtype = _DTYPES[v.grad_dtype], _DTYPES[v.momentum_dtype]
+
+    @T.macro
+    def update(G, MB, OUT, i, beta1, one_minus_beta1, nesterov):
+        g = T.cast(G[i], "float32")
+        s = T.ieee_mul(g, one_minus_beta1)
+        m = T.ieee_add(s, T.ieee_mul(T.cast(MB[i], "float32"), beta1))
+        MB[i] = T.cast(m, m_dtype)
+        OUT[i] = T.if_then_else(nesterov != 0, T.ieee_add(T.ieee_mul(m, beta1), s), m)
+
+    @T.prim_func
+    def momentum_kernel(
+        G: T.Tensor((n,), g_dtype),
+        MB: T.Tensor((n,), m_dtype),
+        OUT: T.Tensor((n,), "float32"),
+        beta1: T.float32,
+        one_minus_beta1: T.float32,
+        nesterov: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(n, THREADS * FLAT_VEC), threads=THREADS) as b:
+            tx = T.get_thread_binding(0)
+            gs = T.alloc_local((FLAT_VEC,), g_dtype)
+            ms = T.alloc_local((FLAT_VEC,), m_dtype)
+            ys = T.alloc_local((FLAT_VEC,), "float32")
+            base = (b * THREADS + tx) * FLAT_VEC
+            if base + FLAT_VEC <= n:
+                for j in T.vectorized(FLAT_VEC):
+                    gs[j] = G[base + j]
+                for j in T.vectorized(FLAT_VEC):
+                    ms[j] = MB[base + j]
+                for j in T.unroll(FLAT_VEC):
+                    s = T.ieee_mul(T.cast(gs[j], "float32"), one_minus_beta1)
+                    m = T.ieee_add(s, T.ieee_mul(T.cast(ms[j], "float32"), beta1))
+                    ms[j] = T.cast(m, m_dtype)
+                    ys[j] = T.if_then_else(nesterov != 0, T.ieee_add(T.ieee_mul(m, beta1), s), m)
+                for j in T.vectorized(FLAT_VEC):
+                    MB[base + j] = ms[j]
+                for h in T.unroll(FLAT_VEC // 4):
+                    for j in T.vectorized(4):
+                        OUT[base + h * 4 + j] = ys[h * 4 + j]
+            else:
+                for j in T.serial(FLAT_VEC):
+                    if base + j < n:
+                        update(G, MB, OUT, base + j, beta1, one_minus_beta1, nesterov)
+
+    return momentum_kernel
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    ctas_per_sm: int  # resident CTAs a SM (tilebake.engram.engram_sinkhorn.STEP_CTAS_PER_SM)
+    cs_in_smem: bool  # col_scale in shared memory (each thread its own columns) rather than registers
+    acc_in_smem: bool  # the column sums of squares likewise
+
+
+STEP_CONFIG = StepConfig(ctas_per_sm=STEP_CTAS_PER_SM, cs_in_smem=True, acc_in_smem=True)
+
+
+def step_candidate_configs():
+    """The step's search space (python bench/tune_engram.py build|run DIR step)."""
+    return [StepConfig(m, c, a) for m, c, a in ((2, False, False), (3, True, False), (3, True, True), (4, True, True))]
+
+
+def _step(v, cfg=None):
+    cfg = cfg or STEP_CONFIG
+    CS_SMEM, ACC_SMEM = cfg.cs_in_smem, cfg.acc_in_smem
+    rows = T.dynamic("num_rows")
+    cols = T.dynamic("num_cols")
+    num_ctas = T.dynamic("num_ctas")
+
+    @T.prim_func
+    def step_kernel(
+        M: T.Tensor((rows, cols), "float32"),
+        RS: T.Tensor((rows,), "float32"),
+        CS: T.Tensor((cols,), "float32"),
+        NORM: T.Tensor((rows,), "float32"),
+        P: T.Tensor((num_ctas, cols), "float32"),
+        eps: T.float32,
+    ):
+        with T.Kernel(num_ctas, threads=THREADS) as c:
+            T.annotate_min_blocks_per_sm(cfg.ctas_per_sm)  # all num_ctas CTAs resident at once
+            tx = T.get_thread_binding(0)
+            T.assume(cols % 4 == 0)
+            ms = T.alloc_local((PASSES, VEC), "float32")
+            cs = T.alloc_local((1 if CS_SMEM else PASSES, VEC), "float32")
+            acc = T.alloc_local((1 if ACC_SMEM else PASSES, VEC), "float32")
+            css = T.alloc_shared((PASSES * PASS if CS_SMEM else 1,), "float32")
+            accs = T.alloc_shared((PASSES * PASS if ACC_SMEM else 1,), "float32")
+            red = T.alloc_shared((2, WARPS), "float32")
+            ss = T.alloc_var("float32")
+            rs = T.alloc_var("float32")
+            norm = T.alloc_var("float32")
+            for p in T.unroll(PASSES):
+                for j in T.unroll(VEC):
+                    if ACC_SMEM:
+                        accs[p * PASS + tx * VEC + j] = T.float32(0)
+                    else:
+                        acc[p, j] = T.float32(0)
+                if p * PASS + tx * VEC < cols:
+                    if CS_SMEM:
+                        for j in T.vectorized(VEC):
+                            css[p * PASS + tx * VEC + j] = CS[p * PASS + tx * VEC + j]
+                    else:
+                        for j in T.vectorized(VEC):
+                            cs[p, j] = CS[p * PASS + tx * VEC + j]
+                else:
+                    for j in T.unroll(VEC):
+                        if CS_SMEM:
+                            css[p * PASS + tx * VEC + j] = T.float32(0)
+                        else:
+                            cs[p, j] = T.float32(0)
+            for k in T.serial(T.ceildiv(rows - c, num_ctas)):
+                r = c + k * num_ctas
+                rs = RS[r]
+                ss = T.float32(0)
+                for p in T.unroll(PASSES):
+                    if p * PASS + tx * VEC < cols:
+                        for j in T.vectorized(VEC):
+                            ms[p, j] = M[r, p * PASS + tx * VEC + j]
+                    else:
+                        for j in T.unroll(VEC):
+                            ms[p, j] = T.float32(0)
+                for p in T.unroll(PASSES):
+                    if CS_SMEM:
+                        for j in T.vectorized(VEC):
+                            cs[0, j] = css[p * PASS + tx * VEC + j]
+                        for j in T.unroll(VEC):
+                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[0, j])
+                            ss = T.ieee_fmaf(it, it, ss)
+                    else:
+                        for j in T.unroll(VEC):
+                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
+                            ss = T.ieee_fmaf(it, it, ss)
+                # The CTA's sum of squares: a butterfly in each warp, then the warps' partials in
+                # order (red by row parity: one barrier a row).
+                for s in T.unroll(5):
+                    ss = ss + T.shfl_xor(ss, 16 >> s)
+                if tx % 32 == 0:
+                    red[k % 2, tx // 32] = ss
+                T.sync_threads()
+                norm = red[k % 2, 0]
+                for w in T.unroll(WARPS - 1):
+                    norm = norm + red[k % 2, w + 1]
+                norm = T.sqrt(norm)
+                rs = rs / (norm + eps)
+                if tx == 0:
+                    NORM[r] = norm
+                    RS[r] = rs
+                for p in T.unroll(PASSES):
+                    if CS_SMEM:
+                        for j in T.vectorized(VEC):
+                            cs[0, j] = css[p * PASS + tx * VEC + j]
+                    if ACC_SMEM:
+                        for j in T.vectorized(VEC):
+                            acc[0, j] = accs[p * PASS + tx * VEC + j]
+                    for j in T.unroll(VEC):
+                        if CS_SMEM:
+                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[0, j])
+                            if ACC_SMEM:
+                                acc[0, j] = T.ieee_fmaf(it, it, acc[0, j])
+                            else:
+                                acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
+                        else:
+                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
+                            if ACC_SMEM:
+                                acc[0, j] = T.ieee_fmaf(it, it, acc[0, j])
+                            else:
+                                acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
+                    if ACC_SMEM:
+                        for j in T.vectorized(VEC):
+                            accs[p * PASS + tx * VEC + j] = acc[0, j]
+            for p in T.unroll(PASSES):
+                if p * PASS + tx * VEC < cols:
+                    if ACC_SMEM:
+                        for j in T.vectorized(VEC):
+                            P[c, p * PASS + tx * VEC + j] = accs[p * PASS + tx * VEC + j]
+                    else:
+                        for j in T.vectorized(VEC):
+                            P[c, p * PASS + tx * VEC + j] = acc[p, j]
+
+    return step_kernel
+
+
+def _step_reduce(v):
+    parts = T.dynamic("num_partials")
+    cols = T.dynamic("num_cols")
+
+    @T.prim_func
+    def step_reduce_kernel(
+        P: T.Tensor((parts, cols), "float32"),
+        OUT: T.Tensor((cols,), "float32"),
+    ):
+        with T.Kernel(T.ceildiv(cols, REDUCE_COLS), threads=REDUCE_THREADS) as b:
+            tx = T.get_thread_binding(0)
+            T.assume(cols % 4 == 0)
+            acc = T.alloc_local((REDUCE_VEC,), "float32")
+            rows = T.alloc_local((REDUCE_UNROLL, REDUCE_VEC), "float32")
+            red = T.alloc_shared((REDUCE_WARPS, REDUCE_COLS), "float32")
+            sum_partial_rows(P, parts, cols, b * REDUCE_COLS, acc, rows, red, tx)
+            c = b * REDUCE_COLS + tx * REDUCE_VEC
+            if tx < 32 and c < cols:
+                for j in T.vectorized(REDUCE_VEC):
+                    OUT[c + j] = acc[j]
+
+    return step_reduce_kernel
+
+
+def _finalize(v):
+    rows = T.dynamic("num_rows")
+    cols = T.dynamic("num_cols")
+
+    @T.prim_func
+    def finalize_kernel(
+        M: T.Tensor((rows, cols), "float32"),
+        RS: T.Tensor((rows,), "float32"),
+        CS: T.Tensor((cols,), "float32"),
+        OUT: T.Tensor((rows, cols), "float32"),
+        eps: T.float32,
+        alpha: T.float32,
+    ):
+        with T.Kernel(rows, threads=THREADS) as r:
+            tx = T.get_thread_binding(0)
+            T.assume(cols % 4 == 0)
+            ms = T.alloc_local((PASSES, VEC), "float32")
+            cs = T.alloc_local((PASSES, VEC), "float32")
+            ys = T.alloc_local((VEC,), "float32")
+            red = T.alloc_shared((2, WARPS), "float32")
+            ss = T.alloc_var("float32")
+            rs = T.alloc_var("float32")
+            rs = RS[r]
+            ss = T.float32(0)
+            for p in T.unroll(PASSES):
+                if p * PASS + tx * VEC < cols:
+                    for j in T.vectorized(VEC):
+                        ms[p, j] = M[r, p * PASS + tx * VEC + j]
+                    for j in T.vectorized(VEC):
+                        cs[p, j] = CS[p * PASS + tx * VEC + j]
+                else:
+                    for j in T.unroll(VEC):
+                        ms[p, j] = T.float32(0)
+                        cs[p, j] = T.float32(0)
+            for p in T.unroll(PASSES):
+                for j in T.unroll(VEC):
+                    it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
+                    ss = T.ieee_fmaf(it, it, ss)
+            for s in T.unroll(5):
+                ss = ss + T.shfl_xor(ss, 16 >> s)
+            if tx % 32 == 0:
+                red[0, tx // 32] = ss
+            T.sync_threads()
+            norm = T.alloc_var("float32")
+            norm = red[0, 0]
+            for w in T.unroll(WARPS - 1):
+                norm = norm + red[0, w + 1]
+            rs = rs / (T.sqrt(norm) + eps)
+            for p in T.unroll(PASSES):
+                if p * PASS + tx * VEC < cols:
+                    for j in T.unroll(VEC):
+                        ys[j] = T.ieee_mul(T.ieee_mul(T.ieee_mul(alpha, rs), ms[p, j]), cs[p, j])
+                    for j in T.vectorized(VEC):
+                        OUT[r, p * PASS + tx * VEC + j] = ys[j]
+
+    return finalize_kernel
