@@ -1,5 +1,5 @@
 """Launch-config search for the Engram gate kernels (kernels_tl/engram/engram_gate_{fwd,bwd}.py
-candidate_configs()) at the original's benchmark shape (8001 tokens, hc 4, hidden 7168) and 4096.
+candidate_configs()) at the original's benchmark shape (8001 tokens, hc 4, hidden 7168) and at hidden 5120.
 
 python bench/tune_engram_gate.py build DIR [fwd,bwd]  # build host: lower + nvcc every candidate (sm_90a)
 python bench/tune_engram_gate.py run DIR     # GPU: each candidate through the public op (its

@@ -19,7 +19,7 @@ from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
-from tilebake.engram._common import MAX_HC, check_tensor, dense
+from tilebake.engram._common import MAX_HC, check_same_device, check_tensor, dense
 from tilebake.engram.engram_gate_fwd import (
     HIDDEN_CLASSES,
     MAX_HIDDEN,
@@ -152,8 +152,7 @@ def _check_saved(saved, num_tokens, hc, like):
         check_tensor(t, name, (torch.float32,), 2)
         if tuple(t.shape) != (num_tokens, hc):
             raise ValueError(f"{name} must be (T, hc) = {(num_tokens, hc)}, got {tuple(t.shape)}")
-        if t.device != like.device:
-            raise ValueError(f"{name} must be on {like.device} (as hidden_states), got {t.device}")
+        check_same_device(name, t, like, "hidden_states")
 
 
 def gate_backward(grad_out, x, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value, image_token_mask,

@@ -246,8 +246,7 @@ def _forward(hidden_states, k, v, weight_fused, eps, clamp_value, image_token_ma
     if not use_kernel:
         from tilebake.torch.engram import engram_gate_fwd_ref
 
-        w = weight_fused
-        out, *saved = engram_gate_fwd_ref(hidden_states, torch.cat([k, v[:, None]], 1), w, eps, clamp_value,
+        out, *saved = engram_gate_fwd_ref(hidden_states, torch.cat([k, v[:, None]], 1), weight_fused, eps, clamp_value,
                                           image_token_mask)  # fmt: skip
         return out, torch.stack(saved)
     out = hidden_states if inplace else torch.empty(hidden_states.shape, dtype=hidden_states.dtype,
