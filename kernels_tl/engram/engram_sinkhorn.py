@@ -4,7 +4,8 @@
   the buffer's dtype), out = m * beta1 + s (nesterov) or m, every product and sum rounded on its
   own (T.ieee_*: nvcc contracts nothing), as the reference's separate torch ops.
 - step: persistent, num_ctas CTAs, CTA c taking rows c, c + num_ctas, ...; a row's THREADS x 4
-  column chunks (PASSES of them cover MAX_COLS) in registers, it = (row_scale * M) * col_scale,
+  column chunks (PASSES of them cover MAX_COLS) in registers, the next rows on their way through
+  cp.async into shared memory (STEP_CONFIG.stages), it = (row_scale * M) * col_scale,
   norm = sqrt(sum(it^2)) (a butterfly in each warp, the warps' partials in order),
   row_scale /= norm + eps, and each thread adds ((row_scale * M) * col_scale)^2 of its columns to
   registers, written once to the CTA's row of the partials: the sums run in a fixed order.
@@ -33,7 +34,9 @@ PASS = THREADS * VEC
 PASSES = MAX_COLS // PASS
 WARPS = THREADS // 32
 FLAT_VEC = 8  # momentum: elements a thread
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # guarded per vector below
+# Vectors guarded by hand; no automatic barriers: the step's staged rows are thread-private (each
+# thread reads back only what it copied) and every other shared buffer is synchronised by hand.
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
@@ -58,7 +61,9 @@ def candidate_configs():
 def build(v: EngramSinkhornVariant, cfg=None):
     if v.stage == "momentum":
         return _momentum(v, cfg or MOMENTUM_CONFIG)
-    return {"step": _step, "step_reduce": _step_reduce, "finalize": _finalize}[v.stage](v)
+    if v.stage == "step":
+        return _step(v, cfg)
+    return {"step_reduce": _step_reduce, "finalize": _finalize}[v.stage](v)
 
 
 def _momentum(v, cfg):
@@ -112,10 +117,57 @@ def _momentum(v, cfg):
     return momentum_kernel
 
 
-def _step(v):
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    ctas_per_sm: int  # resident CTAs a SM (tilebake.engram.engram_sinkhorn.STEP_CTAS_PER_SM)
+    # Row buffers a CTA: 1, a row loaded straight into registers when its turn comes; S > 1, the
+    # next S - 1 rows in flight through cp.async into shared memory while a row is computed (each
+    # thread copies and later reads only its own columns' slots: no barrier for the data).
+    stages: int
+
+
+# The H200 sweeps (bench/results/2026-12-02-NVIDIA-H200/session5/, bench/tune_engram.py ... step): at
+# 100001 x 5120, 3 stages 473.6 us against 569.8 unstaged (2 stages 509.4; 512 threads or 1 or 3
+# CTAs a SM slower); at 8001 x 8192 69.9 against 76.5.
+STEP_CONFIG = StepConfig(ctas_per_sm=STEP_CTAS_PER_SM, stages=3)
+
+
+def step_candidate_configs():
+    """The step's search space (python bench/tune_engram.py build|run DIR step)."""
+    return [StepConfig(STEP_CTAS_PER_SM, s) for s in (1, 2, 3)]
+
+
+def _step(v, cfg=None):
+    cfg = cfg or STEP_CONFIG
+    STAGES = cfg.stages
     rows = T.dynamic("num_rows")
     cols = T.dynamic("num_cols")
     num_ctas = T.dynamic("num_ctas")
+
+    @T.macro
+    def fetch(M, buf, r, slot, tx, num_rows, num_cols):
+        """cp.async of row r's columns of this thread into buf[slot] (zeros past the matrix)."""
+        for p in T.unroll(PASSES):
+            col = p * PASS + tx * VEC
+            T.ptx_cp_async(
+                T.access_ptr(buf[slot, col], "w", VEC), T.access_ptr(M[r, col], "r", VEC), VEC,
+                predicate=r < num_rows and col < num_cols,
+            )  # fmt: skip
+        T.ptx_commit_group()
+
+    @T.macro
+    def load(M, buf, r, slot, tx, ms, num_rows, num_cols):
+        """Row r's columns of this thread into ms (from buf[slot] when staged; 0 past the matrix)."""
+        for p in T.unroll(PASSES):
+            if STAGES > 1:
+                for j in T.vectorized(VEC):
+                    ms[p, j] = buf[slot, p * PASS + tx * VEC + j]
+            elif r < num_rows and p * PASS + tx * VEC < num_cols:
+                for j in T.vectorized(VEC):
+                    ms[p, j] = M[r, p * PASS + tx * VEC + j]
+            else:
+                for j in T.unroll(VEC):
+                    ms[p, j] = T.float32(0)
 
     @T.prim_func
     def step_kernel(
@@ -127,12 +179,13 @@ def _step(v):
         eps: T.float32,
     ):
         with T.Kernel(num_ctas, threads=THREADS) as c:
-            T.annotate_min_blocks_per_sm(STEP_CTAS_PER_SM)  # all num_ctas CTAs resident at once
+            T.annotate_min_blocks_per_sm(cfg.ctas_per_sm)  # all num_ctas CTAs resident at once
             tx = T.get_thread_binding(0)
             T.assume(cols % 4 == 0)
             ms = T.alloc_local((PASSES, VEC), "float32")
             cs = T.alloc_local((PASSES, VEC), "float32")
             acc = T.alloc_local((PASSES, VEC), "float32")
+            buf = T.alloc_shared((STAGES if STAGES > 1 else 1, PASSES * PASS if STAGES > 1 else 1), "float32")
             red = T.alloc_shared((2, WARPS), "float32")
             ss = T.alloc_var("float32")
             rs = T.alloc_var("float32")
@@ -146,17 +199,22 @@ def _step(v):
                 else:
                     for j in T.unroll(VEC):
                         cs[p, j] = T.float32(0)
+            # Rows k = 0, 1, ... of this CTA: c + k * num_ctas. Staged: rows 0 .. S - 1 in flight
+            # first; row k + S is fetched into row k's slot once row k is in registers.
+            if STAGES > 1:
+                for s in T.unroll(STAGES):
+                    fetch(M, buf, c + s * num_ctas, s, tx, rows, cols)
+                T.ptx_wait_group(STAGES - 1)
+                T.sync_threads()  # a compiler barrier: the reads below follow the wait
+            load(M, buf, c, 0, tx, ms, rows, cols)
+            rs_next = T.alloc_var("float32")
+            rs_next = RS[c]
             for k in T.serial(T.ceildiv(rows - c, num_ctas)):
                 r = c + k * num_ctas
-                rs = RS[r]
+                # The next row's scale loaded a row ahead, as its columns are: on the critical path.
+                rs = rs_next
+                rs_next = T.if_then_else(r + num_ctas < rows, RS[T.min(r + num_ctas, rows - 1)], T.float32(0))
                 ss = T.float32(0)
-                for p in T.unroll(PASSES):
-                    if p * PASS + tx * VEC < cols:
-                        for j in T.vectorized(VEC):
-                            ms[p, j] = M[r, p * PASS + tx * VEC + j]
-                    else:
-                        for j in T.unroll(VEC):
-                            ms[p, j] = T.float32(0)
                 for p in T.unroll(PASSES):
                     for j in T.unroll(VEC):
                         it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
@@ -167,6 +225,8 @@ def _step(v):
                     ss = ss + T.shfl_xor(ss, 16 >> s)
                 if tx % 32 == 0:
                     red[k % 2, tx // 32] = ss
+                if STAGES > 1:
+                    T.ptx_wait_group(STAGES - 2)  # row k + 1 has landed (read after the barrier)
                 T.sync_threads()
                 norm = red[k % 2, 0]
                 for w in T.unroll(WARPS - 1):
@@ -180,6 +240,9 @@ def _step(v):
                     for j in T.unroll(VEC):
                         it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
                         acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
+                if STAGES > 1:  # row k's slot was read before the barrier: refill it
+                    fetch(M, buf, r + STAGES * num_ctas, k % STAGES, tx, rows, cols)
+                load(M, buf, r + num_ctas, (k + 1) % STAGES, tx, ms, rows, cols)
             for p in T.unroll(PASSES):
                 if p * PASS + tx * VEC < cols:
                     for j in T.vectorized(VEC):
