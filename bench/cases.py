@@ -294,7 +294,32 @@ CASES["norm_forward_and_per_token_cast"] = [
     norm_forward_and_per_token_cast_case,
     without_residual(norm_forward_and_per_token_cast_case),
 ]
+def norm_backward_reduce_case(num_tokens, hidden):
+    """norm_backward's second launch alone: 2 x 132 partial rows (an H200's bf16 CTAs) summed."""
+    import importlib
+
+    from tilebake.torch.engram import sum_partials
+
+    reduce = importlib.import_module("tilebake.quant.norm_backward")._REDUCE_KERNELS["bf16",]
+    parts = min(num_tokens, 264)
+
+    def fn(partials):
+        out = torch.empty(hidden, dtype=torch.bfloat16, device="cuda")
+        reduce(partials.get_device(), partials.data_ptr(), out.data_ptr(), parts, hidden, 0)
+        return out
+
+    return {
+        "op": "norm_backward_reduce",
+        "variant": f"{parts} fp32 partial rows -> bf16 weight grad",
+        "make": lambda: (torch.randn(parts, hidden, device="cuda"),),
+        "fn": fn,
+        "ref": lambda partials: sum_partials(partials).bfloat16(),
+        "bytes": parts * hidden * 4 + hidden * 2,
+    }
+
+
 CASES["norm_backward"] = [norm_backward_case]
+CASES["norm_backward_reduce"] = [norm_backward_reduce_case]
 
 
 def _moe_psum(num_tokens, num_experts=16, alignment=128):

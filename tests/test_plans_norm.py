@@ -282,29 +282,34 @@ def test_norm_backward_plan(dtype, has_weight, has_rog, given_wg):
         pytest.skip("weight_grad needs a weight (the Python path raises)")
     kernel = ManifestKernel(nb.NormBackwardVariant(FMT[dtype], has_weight, has_rog))
     wg_dtype = torch.float32 if given_wg else None
-    p = plans.backward_plan(kernel, 0, dtype, has_weight, has_rog, 1.25, wg_dtype, NUM_SMS)
+    reduce = ManifestKernel(nb.NormBackwardReduceVariant(FMT[wg_dtype or dtype]))
+    p = plans.backward_plan(kernel, reduce, 0, dtype, has_weight, has_rog, 1.25, wg_dtype, NUM_SMS)
     for i, (num_tokens, hidden) in enumerate(((1, 32), (7, 4096), (300, 256))):
         x, g = make_x((num_tokens, hidden), dtype, 16 * i), make_x((num_tokens, hidden), dtype, 32)
         weight = torch.randn(hidden).to(dtype) if has_weight else None
         rstd = torch.rand(num_tokens) + 0.5
         rog = make_x((num_tokens, hidden), dtype) if has_rog else None
         wg = torch.zeros(hidden) if given_wg else None
-        (x_grad, partials), launches = trace(p, g, x, weight, rstd, rog, wg)
+        (x_grad, dw), launches = trace(p, g, x, weight, rstd, rog, wg)
         want = nb.norm_backward(g, x, weight, rstd, rog, 1.25)
         assert_same_layouts(x_grad, want[0])
         num_ctas = min(nb.CTAS_PER_SM[dtype] * NUM_SMS, num_tokens)
-        if has_weight:
-            assert (partials.shape, partials.stride()) == ((num_ctas, hidden), (hidden, 1))
-            assert partials.dtype == torch.float32
+        assert len(launches) == (2 if has_weight else 1)
+        if has_weight:  # the partials' sum into the given buffer (in place) or a new one in the weight's dtype
+            partials = launches[0][4][kernel.spec[0].index("P")]
+            assert dw is wg if given_wg else (dw.dtype, dw.shape, dw.stride()) == (dtype, (hidden,), (1,))
+            assert params_of(reduce, launches[1]) == dict(
+                P=partials, OUT=dw.data_ptr(), num_partials=num_ctas, num_cols=hidden, accumulate=int(given_wg)
+            )
         else:
-            assert partials is None
+            assert dw is None
         want_params = dict(
             G=g.data_ptr(), X=x.data_ptr(), RSTD=rstd.data_ptr(), DX=x_grad.data_ptr(), out_scale=approx(1.25),
             num_tokens=num_tokens, hidden=hidden, num_ctas=num_ctas, out_grad_stride=nf.rows_strides(g)[1],
             x_stride=nf.rows_strides(x)[1], x_grad_stride=nf.rows_strides(x_grad)[1],
         )  # fmt: skip
         if has_weight:
-            want_params.update(W=weight.data_ptr(), P=partials.data_ptr())
+            want_params.update(W=weight.data_ptr(), P=partials)
         if has_rog:
             want_params.update(ROG=rog.data_ptr(), residual_out_grad_stride=nf.rows_strides(rog)[1])
         assert params_of(kernel, launches[0]) == want_params
@@ -378,6 +383,7 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
     x, w, r = make_x((33, 256), dtype), torch.randn(256).to(dtype), make_x((33, 256), dtype)
     fw = ManifestKernel(nf.NormForwardVariant("bf16", True, False))
     bw = ManifestKernel(nb.NormBackwardVariant("bf16", True, False))
+    bw_reduce = ManifestKernel(nb.NormBackwardReduceVariant("bf16"))
     caches = {name: _Lookups() for name in ("fw", "cast", "bw")}
     monkeypatch.setattr(nf, "_FORWARD_PLANS", caches["fw"])
     monkeypatch.setattr(nf, "_CAST_PLANS", caches["cast"])
@@ -389,7 +395,7 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
                    True, True, 0, int, False] = cast_plan(dtype, 2, True, True, 32, (True, True, True), False, True,
                                                           False, False)[1]  # fmt: skip
     caches["bw"][dtype, False, True, 1.5, float, True] = plans.backward_plan(
-        bw, 0, dtype, True, False, 1.5, None, NUM_SMS
+        bw, bw_reduce, 0, dtype, True, False, 1.5, None, NUM_SMS
     )
 
     def ops(x, w, r):

@@ -9,7 +9,7 @@
   norm = sqrt(sum(it^2)) (a butterfly in each warp, the warps' partials in order),
   row_scale /= norm + eps, and each thread adds ((row_scale * M) * col_scale)^2 of its columns to
   registers, written once to the CTA's row of the partials: the sums run in a fixed order.
-- step_reduce: kernels_tl/engram/common.py's sum_partial_rows (a fixed order: 8 warps take
+- step_reduce: kernels_tl/common.py's sum_partial_rows (a fixed order: 8 warps take
   every 8th row, then the warps' sums in warp order), 128 columns a CTA.
 - finalize: one CTA per row: alpha * (row_scale / (norm + eps)) * M * col_scale.
 """
@@ -18,7 +18,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.engram.common import (
+from kernels_tl.common import (
     REDUCE_COLS,
     REDUCE_THREADS,
     REDUCE_UNROLL,

@@ -1,14 +1,14 @@
 """grad_w_reduce: the gate's fused-weight gradient partials (P, hc, H) summed in a fixed order,
 then grad_weight_hidden += sum * weight_embed and grad_weight_embed += sum * weight_hidden (fp32,
 in place), as a TileLang factory (build time only). 128 flat columns of hc x H a CTA, the
-partials summed by kernels_tl/engram/common.py's sum_partial_rows (a fixed order: two runs give
+partials summed by kernels_tl/common.py's sum_partial_rows (a fixed order: two runs give
 the same bits); the products and sums rounded on their own (T.ieee_*). Any partial count (the
 original's 1.0 needed a multiple of 4).
 """
 
 import tilelang.language as T
 
-from kernels_tl.engram.common import (
+from kernels_tl.common import (
     REDUCE_COLS,
     REDUCE_THREADS,
     REDUCE_UNROLL,

@@ -8,7 +8,7 @@ With r = rstd (saved by the forward), xhat = x * r, y = xhat * w * out_scale, g 
 
 Persistent: `num_ctas` CTAs (a runtime dim: the shape of the partials tensor P; the host
 launches CTAS_PER_SM per SM), CTA c takes rows c, c + num_ctas, ...; each thread keeps its
-columns' dw in fp32 registers and writes them once to P[c, :] at the end; the host sums P over CTAs. No grid sync is
+columns' dw in fp32 registers and writes them once to P[c, :] at the end; norm_backward_reduce (kernels_tl/quant/norm_backward_reduce.py) sums P over CTAs. No grid sync is
 needed, so the plain launcher suffices. Thread mapping: THREADS threads x VEC contiguous
 elements per pass, PASSES passes cover MAX_HIDDEN; a thread-vector is all valid or all
 masked (the host checks hidden % 32 == 0).

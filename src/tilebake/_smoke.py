@@ -242,6 +242,23 @@ def _norm_backward(d):
     _close("weight_grad", weight_grad, want_dw.bfloat16(), rtol=8e-3, atol=2e-3 / math.sqrt(num_sms))
 
 
+@smoke_case("norm_backward_reduce")
+def _norm_backward_into_weight_grad(d):
+    """norm_backward's weight gradient added into a given fp32 buffer (its second kernel, in place)."""
+    g = _gen()
+    x = _randn(g, T, H, spread=2).bfloat16()
+    out_grad = _randn(g, T, H).bfloat16()
+    weight = (torch.rand(H, generator=g) * 2 - 0.5).bfloat16()
+    rstd = tilebake.torch.norm_forward_ref(x, weight, EPS)[1]
+    start = _randn(g, H)
+    buf = _on(start, d)
+    _, result = tilebake.quant.norm_backward(*(_on(t, d) for t in (out_grad, x, weight, rstd)), weight_grad=buf)
+    assert result is buf, "norm_backward must return the given weight_grad"
+    want_dw = tilebake.torch.norm_backward_ref(out_grad, x, weight, rstd)[1]
+    num_sms = tilebake.get_num_sms() if d.type == "cuda" else 1
+    _close("weight_grad", buf, start + want_dw, rtol=1e-4, atol=2e-3 / math.sqrt(num_sms))
+
+
 def _swiglu_inputs():
     g = _gen()
     x = _randn(g, T, 2 * 256, spread=6).bfloat16()

@@ -247,3 +247,26 @@ def test_launch_arguments_match_the_built_kernels():
     for vid in built:
         for arch, entry in kernels[vid].items():
             assert sorted(p["name"] for p in entry["params"]) == sorted(expected[vid]), (vid, arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("num_partials,hidden", [(1, 32), (7, 4096), (264, 8192), (9, 7168), (133, 160)])
+def test_gpu_weight_grad_is_the_fixed_order_sum(num_partials, hidden, out_dtype):
+    """The partials' reduction kernel: exactly tilebake.torch.engram.sum_partials (8 groups of
+    every 8th row, then the groups in order), rounded once; added into a buffer in fp32 first."""
+    import importlib
+
+    from tilebake.torch.engram import sum_partials
+
+    nb = importlib.import_module("tilebake.quant.norm_backward")
+    reduce = nb._REDUCE_KERNELS["bf16" if out_dtype == torch.bfloat16 else "fp32",]
+    partials = torch.randn(num_partials, hidden, device="cuda") * 100
+    want = sum_partials(partials)
+    out = torch.full((hidden,), float("nan"), device="cuda").to(out_dtype)
+    reduce(0, partials.data_ptr(), out.data_ptr(), num_partials, hidden, 0)
+    assert_bytes_equal(out, want.to(out_dtype), "weight_grad")
+    start = torch.randn(hidden, device="cuda").to(out_dtype)
+    buf = start.clone()
+    reduce(0, partials.data_ptr(), buf.data_ptr(), num_partials, hidden, 1)
+    assert_bytes_equal(buf, (start.float() + want).to(out_dtype), "accumulated weight_grad")

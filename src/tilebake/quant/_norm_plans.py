@@ -210,11 +210,11 @@ def cast_plan(kernel, device, dtype, ndim, has_weight, has_residual, eps, out_sc
     return b.build()
 
 
-def backward_plan(kernel, device, dtype, has_weight, has_rog, out_scale, weight_grad_dtype, num_sms):
+def backward_plan(kernel, reduce, device, dtype, has_weight, has_rog, out_scale, weight_grad_dtype, num_sms):
     """norm_backward: run(plan, out_grad, x, weight, rstd, residual_out_grad, weight_grad) ->
-    (x_grad, the fp32 (num_ctas, H) weight-gradient partials, or None without weight); the
-    caller sums the partials (and adds them into weight_grad, checked here: weight_grad_dtype,
-    None where not given). min(CTAS_PER_SM x num_sms, T) persistent CTAs (num_sms as in cast_plan)."""
+    (x_grad, weight_grad: the given contiguous buffer (weight_grad_dtype) after the addition, or
+    a new one in the weight's dtype; None without weight). min(CTAS_PER_SM x num_sms, T)
+    persistent CTAs write fp32 partial rows that `reduce` sums (num_sms as in cast_plan)."""
     from tilebake.quant.norm_backward import CTAS_PER_SM
 
     b = plan.Builder()
@@ -224,11 +224,15 @@ def backward_plan(kernel, device, dtype, has_weight, has_rog, out_scale, weight_
     rstd = b.tensor(3, torch.float32, ("T",), strides=("rs",), align=4)
     b.check("T == 1 or rs == 1")
     rog = _like_x(b, 4, dtype, 2, "rog", written=False) if has_rog else None
-    if weight_grad_dtype is not None:  # any strides (added by copy_)
-        b.tensor(5, weight_grad_dtype, ("H",), align=1)
+    given = None
+    if weight_grad_dtype is not None:  # read and written as 4-element vectors
+        given = b.tensor(5, weight_grad_dtype, ("H",), strides=(1,), align=4 * weight_grad_dtype.itemsize)
     x_grad = _alloc_like_x(b, dtype, 2, "dx")
     b.let("num_ctas", f"min({CTAS_PER_SM[dtype] * num_sms}, T)")
     partials = b.alloc(torch.float32, ("num_ctas", "H")) if has_weight else None
+    dw = given
+    if has_weight and given is None:
+        dw = b.alloc(dtype, ("H",))
     params = dict(
         G=out_grad, X=x, RSTD=rstd, DX=x_grad, out_scale=out_scale, num_tokens="T", hidden="H",
         num_ctas="num_ctas", out_grad_stride="g_ks", x_stride="x_ks", x_grad_stride="dx_ks",
@@ -238,5 +242,10 @@ def backward_plan(kernel, device, dtype, has_weight, has_rog, out_scale, weight_
     if has_rog:
         params.update(ROG=rog, residual_out_grad_stride="rog_ks")
     b.launch(kernel, device, **params)
-    b.returns((x_grad, partials))
+    if has_weight:
+        b.launch(reduce, device, P=partials, OUT=dw, num_partials="num_ctas", num_cols="H",
+                 accumulate=int(given is not None))  # fmt: skip
+    if given is not None:
+        b.bump(given)
+    b.returns((x_grad, dw))
     return b.build()

@@ -2,11 +2,12 @@
 
 Validate, allocate, launch. The kernel (kernels_tl/quant/norm_backward.py) is persistent:
 min(CTAS_PER_SM * num_sms, num_tokens) CTAs (2 per SM for bf16, 1 for fp32) each write their
-fp32 weight-gradient partial sums to one row of a (num_ctas, hidden) buffer, which torch then
-sums (the original syncs the grid in a cooperative launch instead; the plain launcher has none).
-The reference (and the CPU path) is tilebake.torch.norm_backward_ref. A CUDA call whose key
-was seen before runs its checks, allocations and launch as one call plan (quant/_norm_plans.py);
-the partials are summed here.
+fp32 weight-gradient partial sums to one row of a (num_ctas, hidden) buffer, which a second
+kernel (kernels_tl/quant/norm_backward_reduce.py) sums in a fixed order and adds into
+weight_grad or rounds to the weight's dtype (the original syncs the grid in a cooperative launch
+instead; the plain launcher has none). The reference (and the CPU path) is
+tilebake.torch.norm_backward_ref. A CUDA call whose key was seen before runs its checks,
+allocations and both launches as one call plan (quant/_norm_plans.py).
 """
 
 from __future__ import annotations
@@ -62,10 +63,27 @@ class NormBackwardVariant(Variant):
 # two, so one CTA's loads overlap another's reduction barrier; fp32 rows need twice the
 # registers, one.
 CTAS_PER_SM = {torch.bfloat16: 2, torch.float32: 1}
+@dataclasses.dataclass(frozen=True)
+class NormBackwardReduceVariant(Variant):
+    """The weight gradient: the partial rows summed in a fixed order, then added to OUT's values in
+    fp32 and rounded once (accumulate: a given weight_grad, in place), or rounded to out_dtype."""
+
+    family = "quant"
+    op = "norm_backward_reduce"
+
+    out_dtype: str  # 'bf16' | 'fp32': weight_grad's (or the weight's) dtype
+
+    PARAMS = ptr("P", "OUT") + i32("num_partials", "num_cols", "accumulate")  # num_cols: hidden
+
+    @classmethod
+    def all(cls):
+        return (cls("bf16"), cls("fp32"))
+
+
 _KERNELS = KernelTable(NormBackwardVariant)
+_REDUCE_KERNELS = KernelTable(NormBackwardReduceVariant)
 _WEIGHT_GRAD_DTYPES = (torch.bfloat16, torch.float32)
-# Call plans (_norm_plans.backward_plan) by call key: they check, allocate and launch; the
-# weight-gradient partials are summed here (no kernel for that).
+# Call plans (_norm_plans.backward_plan) by call key: they check, allocate and launch both kernels.
 _PLANS = plan.cache()
 
 
@@ -137,8 +155,7 @@ def norm_backward(
         else:
             result = plan.run(call, out_grad, x, weight, rstd, residual_out_grad, weight_grad)
             if result is not NotImplemented:
-                x_grad, partials = result
-                return x_grad, (_accumulate(partials.sum(0), weight, weight_grad) if partials is not None else None)
+                return result
     out_scale_arg = out_scale  # as passed: the plan key's
     out_scale = _check(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad)
     if torch.compiler.is_compiling():
@@ -149,9 +166,11 @@ def norm_backward(
         plan_key = (x.dtype, weight is None, residual_out_grad is None, out_scale_arg, out_scale_arg.__class__,
                     weight_grad is None)  # fmt: skip
         key = (FLOAT_FORMATS[x.dtype], weight is not None, residual_out_grad is not None)
+        wg_dtype = weight_grad.dtype if weight_grad is not None else None
+        reduce = _REDUCE_KERNELS[FLOAT_FORMATS[wg_dtype or x.dtype],] if weight is not None else None
         plan.remember(
-            _PLANS, plan_key, _norm_plans.backward_plan, _KERNELS[key], x.get_device(), x.dtype, *key[1:],
-            out_scale, weight_grad.dtype if weight_grad is not None else None, config.get_num_sms(),
+            _PLANS, plan_key, _norm_plans.backward_plan, _KERNELS[key], reduce, x.get_device(), x.dtype, *key[1:],
+            out_scale, wg_dtype, config.get_num_sms(),
         )  # fmt: skip
     return x_grad, _accumulate(dw, weight, weight_grad)
 
@@ -180,7 +199,11 @@ def _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale: floa
     has_weight, has_rog = weight is not None, residual_out_grad is not None
     kernel = _KERNELS[FLOAT_FORMATS[x.dtype], has_weight, has_rog]
     kernel(x.get_device(), *[args[name] for name in kernel.arg_names])
-    return x_grad, (partials.sum(0) if weight is not None else None)
+    if weight is None:
+        return x_grad, None
+    dw = x.new_empty((hidden,), dtype=torch.float32)
+    _REDUCE_KERNELS["fp32",](x.get_device(), partials.data_ptr(), dw.data_ptr(), num_ctas, hidden, 0)
+    return x_grad, dw
 
 
 def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):

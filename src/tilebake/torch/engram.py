@@ -123,7 +123,7 @@ def engram_gate_bwd_ref(grad_out, hidden_states, kv, weight_fused, dot, gate_sco
     return dx.to(hidden_states.dtype), grad_kv, dw
 
 
-PARTIAL_GROUPS = 8  # the kernels' warps a CTA (kernels_tl/engram/common.py sum_partial_rows)
+PARTIAL_GROUPS = 8  # the kernels' warps a CTA (kernels_tl/common.py sum_partial_rows)
 
 
 def sum_partials(partials: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""TileLang pieces shared by the engram kernels (build time only)."""
+"""TileLang pieces shared by kernels of several ops (build time only)."""
 
 import tilelang.language as T
 
