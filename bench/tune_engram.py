@@ -35,19 +35,27 @@ def build(out: Path, stage: str):
         print("built", stem, harness.compile_cubin(out / "sm_90a" / f"{stem}.cu"), flush=True)
 
 
-def run_step(out: Path):
+def _gpu_setup():
+    """(harness, loader, the native launcher, this run's copy bandwidth, printed)."""
     import torch
 
     sys.path.insert(0, str(ROOT / "bench"))
     import harness
 
     from tilebake._runtime import loader
-    from tilebake.torch.engram import engram_sinkhorn_step_ref
 
-    launcher = loader._native()
     copy = harness.copy_bandwidth_gbs()
     torch.cuda.empty_cache()
     print(f"copy {copy:.0f} GB/s", flush=True)
+    return harness, loader, loader._native(), copy
+
+
+def run_step(out: Path):
+    import torch
+
+    from tilebake.torch.engram import engram_sinkhorn_step_ref
+
+    harness, loader, launcher, copy = _gpu_setup()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     for rows, cols in ((100001, 5120), (8001, 8192), (3, 4100)):  # the original's; the longest rows; few, odd
         mats = [torch.randn(rows, cols, device="cuda") for _ in range(2)]
@@ -87,16 +95,9 @@ def run_step(out: Path):
 def run(out: Path):
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import harness
-
-    from tilebake._runtime import loader
     from tilebake.torch.engram import engram_sinkhorn_momentum_update_ref
 
-    launcher = loader._native()
-    copy = harness.copy_bandwidth_gbs()
-    torch.cuda.empty_cache()
-    print(f"copy {copy:.0f} GB/s", flush=True)
+    harness, loader, launcher, copy = _gpu_setup()
     grads = [torch.randn(NUMEL, device="cuda") for _ in range(2)]
     bufs = [torch.randn(NUMEL, device="cuda") for _ in range(2)]
     outs = [torch.empty(NUMEL, device="cuda") for _ in range(2)]

@@ -228,15 +228,20 @@ def _norm_forward_and_per_token_cast(d):
     _same_quantized((data, sf), want)
 
 
-@smoke_case("norm_backward")
-def _norm_backward(d):
+def _norm_backward_inputs():
+    """(generator, (out_grad, x, weight, rstd)) on the CPU."""
     g = _gen()
     x = _randn(g, T, H, spread=2).bfloat16()
     out_grad = _randn(g, T, H).bfloat16()
     weight = (torch.rand(H, generator=g) * 2 - 0.5).bfloat16()
-    rstd = tilebake.torch.norm_forward_ref(x, weight, EPS)[1]
-    x_grad, weight_grad = tilebake.quant.norm_backward(*(_on(t, d) for t in (out_grad, x, weight, rstd)))
-    want_dx, want_dw = tilebake.torch.norm_backward_ref(out_grad, x, weight, rstd)
+    return g, (out_grad, x, weight, tilebake.torch.norm_forward_ref(x, weight, EPS)[1])
+
+
+@smoke_case("norm_backward")
+def _norm_backward(d):
+    _, inputs = _norm_backward_inputs()
+    x_grad, weight_grad = tilebake.quant.norm_backward(*(_on(t, d) for t in inputs))
+    want_dx, want_dw = tilebake.torch.norm_backward_ref(*inputs)
     _close("x_grad", x_grad, want_dx)
     num_sms = tilebake.get_num_sms() if d.type == "cuda" else 1
     _close("weight_grad", weight_grad, want_dw.bfloat16(), rtol=8e-3, atol=2e-3 / math.sqrt(num_sms))
@@ -245,16 +250,12 @@ def _norm_backward(d):
 @smoke_case("norm_backward_reduce")
 def _norm_backward_into_weight_grad(d):
     """norm_backward's weight gradient added into a given fp32 buffer (its second kernel, in place)."""
-    g = _gen()
-    x = _randn(g, T, H, spread=2).bfloat16()
-    out_grad = _randn(g, T, H).bfloat16()
-    weight = (torch.rand(H, generator=g) * 2 - 0.5).bfloat16()
-    rstd = tilebake.torch.norm_forward_ref(x, weight, EPS)[1]
+    g, inputs = _norm_backward_inputs()
     start = _randn(g, H)
     buf = _on(start, d)
-    _, result = tilebake.quant.norm_backward(*(_on(t, d) for t in (out_grad, x, weight, rstd)), weight_grad=buf)
+    _, result = tilebake.quant.norm_backward(*(_on(t, d) for t in inputs), weight_grad=buf)
     assert result is buf, "norm_backward must return the given weight_grad"
-    want_dw = tilebake.torch.norm_backward_ref(out_grad, x, weight, rstd)[1]
+    want_dw = tilebake.torch.norm_backward_ref(*inputs)[1]
     num_sms = tilebake.get_num_sms() if d.type == "cuda" else 1
     _close("weight_grad", buf, start + want_dw, rtol=1e-4, atol=2e-3 / math.sqrt(num_sms))
 
