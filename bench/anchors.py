@@ -51,6 +51,13 @@ ORIGINAL = {
     "engram_sinkhorn step 100001 x 5120": (465.0, None),
     "engram_sinkhorn step_reduce 396 x 5120": (6.7, None),
     "engram_sinkhorn finalize 100001 x 5120": (1183.8, None),
+    # mHC (the same table: n1 = 8192 tokens, h = 7168, 4 streams)
+    "expand_to_mhc_fwd m4 h7168 T8192": (161.2, None),
+    "expand_to_mhc_bwd m4 h7168 T8192": (142.6, None),
+    "mhc_post_fwd m4 h7168 T8192": (256.5, None),
+    "mhc_post_bwd m4 h7168 T8192": (391.3, None),
+    "mhc_pre_apply_mix_fwd m4 h7168 T8192": (137.3, None),
+    "mhc_pre_apply_mix_bwd m4 h7168 T8192": (355.1, None),
 }
 
 
@@ -165,6 +172,26 @@ CASES.update({
         lambda m, rs, cs: engram.engram_sinkhorn_finalize(m, rs, cs, 1e-20, 1.0),
     ),
 })  # fmt: skip
+
+
+def _mhc_inputs(t):
+    t = 8192 if t > 1 else 1
+    return (bf16(t, H), bf16(t, 4, H), torch.rand(t, 4, 1, device="cuda"), torch.rand(t, 4, 4, device="cuda"),
+            bf16(t, 4, H))  # fmt: skip
+
+
+mhc = tilebake.mhc
+CASES.update({
+    "expand_to_mhc_fwd m4 h7168 T8192": (lambda t: _mhc_inputs(t)[:2], lambda x, o: mhc.expand_to_mhc_fwd(x, o)),
+    "expand_to_mhc_bwd m4 h7168 T8192": (lambda t: _mhc_inputs(t)[4:], lambda g: mhc.expand_to_mhc_bwd(g)),
+    "mhc_post_fwd m4 h7168 T8192": (lambda t: _mhc_inputs(t)[:4], lambda *a: mhc.mhc_post_fwd(*a)),
+    "mhc_post_bwd m4 h7168 T8192": (_mhc_inputs, lambda *a: mhc.mhc_post_bwd(*a)),
+    "mhc_pre_apply_mix_fwd m4 h7168 T8192": (lambda t: _mhc_inputs(t)[1:3], lambda x, mix: mhc.mhc_pre_apply_mix_fwd(x, mix)),
+    "mhc_pre_apply_mix_bwd m4 h7168 T8192": (
+        lambda t: (*_mhc_inputs(t)[:3], _mhc_inputs(t)[4]),
+        lambda og, x, mix, xg: mhc.mhc_pre_apply_mix_bwd(og, x, mix, xg),
+    ),
+})
 
 
 def release_copy_buffers():

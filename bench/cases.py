@@ -752,3 +752,7 @@ CASES["moe_topk_gate_forward"] = [moe_topk_gate_forward_case]
 from cases_engram import CASES as ENGRAM_CASES  # noqa: E402  (bench/ is on the path, as for this module)
 
 CASES.update(ENGRAM_CASES)
+
+from cases_mhc import CASES as MHC_CASES  # noqa: E402
+
+CASES.update(MHC_CASES)

@@ -161,10 +161,27 @@ def _engram():
     }
 
 
+def _mhc():
+    mh = tilebake.mhc
+    x, residual, d_o = bf16(T, H), bf16(T, 4, H), bf16(T, 4, H)
+    post, comb = torch.rand(T, 4, 1, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
+    o, x_grad = torch.empty_like(residual), torch.empty_like(x)
+    return {
+        "expand_to_mhc_fwd": (None, lambda: mh.expand_to_mhc_fwd(x, o)),
+        "expand_to_mhc_bwd": (lambda: mh.expand_to_mhc_bwd(d_o), lambda: mh.expand_to_mhc_bwd(d_o, x_grad)),
+        "mhc_post_fwd": (lambda: mh.mhc_post_fwd(x, residual, post, comb),
+                         lambda: mh.mhc_post_fwd(x, residual, post, comb, out=o)),
+        "mhc_post_bwd": (lambda: mh.mhc_post_bwd(x, residual, post, comb, d_o), None),
+        "mhc_pre_apply_mix_fwd": (lambda: mh.mhc_pre_apply_mix_fwd(residual, post),
+                                  lambda: mh.mhc_pre_apply_mix_fwd(residual, post, x_grad)),
+        "mhc_pre_apply_mix_bwd": (None, lambda: mh.mhc_pre_apply_mix_bwd(x, residual, post, d_o)),
+    }
+
+
 def cases() -> dict:
     """public name -> (call allocating its outputs or None, call with every output given /
     in place, or None where the op takes no outputs)."""
-    return {**_quant(), **_moe(), **_engram(), **_others()}
+    return {**_quant(), **_moe(), **_engram(), **_mhc(), **_others()}
 
 
 # Public functions that launch nothing on the GPU (no host-time case).

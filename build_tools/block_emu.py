@@ -5,7 +5,7 @@ The kernel's CUDA C++ (`aot.py lower` output) is compiled by g++ with a small pr
 thread of a CTA is a fiber (ucontext) of one OS thread; a fiber runs until it waits at a barrier:
 __syncthreads (the CTA), __syncwarp and each warp collective (__shfl*_sync, __ballot_sync,
 __any_sync, __match_any_sync: a pair of waits around a 32-slot exchange buffer of its warp).
-CTAs run one after another over the 1-D grid, sharing one dynamic shared-memory buffer (its
+CTAs run one after another over the grid (1-D or 2-D), sharing one dynamic shared-memory buffer (its
 bytes are poisoned before each CTA). Scheduling is warp-greedy: in a pseudo-random warp order
 (seeded by `seed`), each warp runs as far as it can (its lanes in a random order, until each
 waits at a barrier that needs another warp, or is done) before the next warp starts. So one
@@ -49,7 +49,7 @@ typedef unsigned char uchar;
 #define __restrict__
 #define CUDART_INF_F INFINITY
 using std::isfinite;
-struct Dim { int x; };
+struct Dim { int x, y, z; };
 static Dim threadIdx, blockIdx, blockDim, gridDim;
 
 // --- fibers and barriers ---
@@ -217,7 +217,7 @@ static void fiber_main(int tid) {
   ++g_progress;
 }
 
-extern "C" int run(SIGNATURE, int grid, int threads, unsigned seed) {
+extern "C" int run(SIGNATURE, int grid, int grid_y, int threads, unsigned seed) {
   const size_t stack = 256 * 1024;
   g_fibers.assign(threads, Fiber{});
   g_stacks.assign(stack * threads, 0);
@@ -225,7 +225,8 @@ extern "C" int run(SIGNATURE, int grid, int threads, unsigned seed) {
   g_xchg.assign(32 * g_warp.size(), 0);
   blockDim.x = threads;
   gridDim.x = grid;
-  for (int b = 0; b < grid; ++b) {
+  gridDim.y = grid_y;
+  for (long b = 0; b < (long)grid * grid_y; ++b) {
     g_block = Barrier{threads, 0, 0};
     std::memset(g_smem, 0xA5, sizeof g_smem);  // as uninitialised
     for (int t = 0; t < threads; ++t) {
@@ -255,14 +256,15 @@ extern "C" int run(SIGNATURE, int grid, int threads, unsigned seed) {
             ran = true;
             g_cur = t;
             threadIdx.x = t;
-            blockIdx.x = b;
+            blockIdx.x = (int)(b % grid);
+            blockIdx.y = (int)(b / grid);
             swapcontext(&g_sched, &g_fibers[t].uc);
             if (g_fibers[t].done) --left;
           }
         }
       }
       if (left && g_progress == before) {
-        fprintf(stderr, "block_emu: CTA %d is stuck: %d of %d threads wait at a barrier no one else reaches"
+        fprintf(stderr, "block_emu: CTA %ld is stuck: %d of %d threads wait at a barrier no one else reaches"
                 " (first: thread", b, left, threads);
         int shown = 0;
         for (int t = 0; t < threads && shown < 8; ++t) if (!g_fibers[t].done) { fprintf(stderr, " %d", t); ++shown; }
@@ -309,14 +311,14 @@ class EmulatedKernel:
     def __init__(self, cu_path: str, so_path: str, arg_names: tuple[str, ...]):
         params = build(cu_path, so_path)
         meta = json.loads(Path(cu_path).with_suffix(".json").read_text())
-        if meta["grid"][1:] != ["1", "1"] or meta["block"][1:] != ["1", "1"]:
-            raise SystemExit(f"{cu_path}: only 1-D grids and blocks are emulated")
+        if meta["grid"][2] != "1" or meta["block"][1:] != ["1", "1"]:
+            raise SystemExit(f"{cu_path}: only 1-D blocks and 1-D or 2-D grids are emulated")
         self.lib = ctypes.CDLL(so_path)
         self.order = [p.split()[-1] for p in params]
         self.kinds = ["p" if "*" in p else "f" if p.startswith("float ") else "l" if "int64" in p else "i"
                       for p in params]  # fmt: skip
         self.arg_names = arg_names
-        grid = f"lambda {', '.join(arg_names)}: {meta['grid'][0]}"
+        grid = f"lambda {', '.join(arg_names)}: ({meta['grid'][0]}, {meta['grid'][1]})"
         self.grid = eval(grid, {"__builtins__": {"min": min, "max": max}})
         self.threads = int(meta["block"][0])
 
@@ -326,8 +328,8 @@ class EmulatedKernel:
         given = dict(zip(self.arg_names, args, strict=True))
         c = {"p": ctypes.c_void_p, "f": ctypes.c_float, "i": ctypes.c_int, "l": ctypes.c_int64}
         grid = self.grid(*args)
-        rc = self.lib.run(*[c[k](given[n]) for n, k in zip(self.order, self.kinds)], ctypes.c_int(grid),
-                          ctypes.c_int(self.threads), ctypes.c_uint(self.seed))  # fmt: skip
+        rc = self.lib.run(*[c[k](given[n]) for n, k in zip(self.order, self.kinds)], ctypes.c_int(grid[0]),
+                          ctypes.c_int(grid[1]), ctypes.c_int(self.threads), ctypes.c_uint(self.seed))  # fmt: skip
         if rc:
             raise RuntimeError(f"block_emu: the kernel deadlocked (grid {grid}); see stderr")
 

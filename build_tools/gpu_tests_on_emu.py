@@ -9,7 +9,7 @@ op module's KernelTable under its key, so the op's launches run it. CUDA is fake
 `device="cuda"` arguments of torch's factory functions become the CPU, `Tensor.is_cuda` is True,
 `torch.cuda.is_available()` is True, no stream is ever capturing and no call plan is built. Tests that need real CUDA
 machinery (graphs, streams, events, `.cuda()`) fail here: deselect them (`-k "not graph"`). Only
-kernels block_emu models (1-D grids, no TMA; see there) can be run.
+kernels block_emu models (1-D blocks, 1-D or 2-D grids, no TMA; see there) can be run.
 """
 
 from __future__ import annotations

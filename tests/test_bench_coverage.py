@@ -40,7 +40,7 @@ def test_every_public_op_has_a_host_time_case():
     host_time = load("host_time")
     host_time.DEVICE = "cpu"
     cases = host_time.cases()
-    families = (tilebake.quant, tilebake.moe, tilebake.engram, tilebake.transform, tilebake.rand)
+    families = (tilebake.quant, tilebake.moe, tilebake.engram, tilebake.mhc, tilebake.transform, tilebake.rand)
     public = {name for m in families for name in m.__all__}
     missing = sorted(public - host_time.NOT_OPS - set(cases))
     assert not missing, f"public ops without a host-time case in bench/host_time.py: {missing}"

@@ -6,7 +6,7 @@ nothing, loads no native code and writes no file: kernels are loaded on first us
 
 import importlib
 
-from tilebake import config, engram, moe, quant, rand, transform, utils
+from tilebake import config, engram, mhc, moe, quant, rand, transform, utils
 from tilebake.config import (
     get_amax_clamp_for_quant,
     get_deterministic_algorithms,
@@ -34,6 +34,7 @@ def __getattr__(name):
 __all__ = [
     "config",
     "engram",
+    "mhc",
     "modeling",
     "moe",
     "quant",

@@ -11,7 +11,7 @@ import pkgutil
 
 from tilebake._variants import DECLARED
 
-FAMILIES = ("engram", "moe", "quant", "transform")
+FAMILIES = ("engram", "mhc", "moe", "quant", "transform")
 
 
 def _declared_types() -> tuple:

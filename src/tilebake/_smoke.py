@@ -406,7 +406,7 @@ def _reduce_fused(d):
           tilebake.torch.reduce_fused(data, w, ttp))  # fmt: skip
 
 
-from tilebake import _smoke_engram  # noqa: E402,F401 -- registers the engram cases
+from tilebake import _smoke_engram, _smoke_mhc  # noqa: E402,F401 -- register the engram and mhc cases
 
 # --- running them ---
 

@@ -1,7 +1,7 @@
 """Plain-PyTorch reference implementations: the correctness oracles; also the slow path on CPU tensors."""
 
 from .cast import cast, cast_back, unpack_from_e2m1fn_x2
-from . import engram
+from . import engram, mhc
 from .cast_lossless import per_block_cast_lossless
 from .engram import (
     engram_gate_bwd_ref,
@@ -44,6 +44,7 @@ __all__ = [
     "fused_weight_ref",
     "grad_w_reduce_ref",
     "make_offsets",
+    "mhc",
     "get_mapping_from_psum",
     "grouped_topk",
     "moe_topk_gate_backward",

@@ -1,0 +1,168 @@
+"""mhc_post, as TileLang factories (build time only); m (<= MAX_M) and every size at run time.
+
+Forward: a thread an 8-column vector of a token (grid: tokens x column blocks), the m residual
+vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
+every product and sum rounded on its own), rounded to bf16 once: tilebake.torch.mhc.mhc_post_ref's
+arithmetic.
+Backward: a CTA a token, its threads over the columns. d_x = sum_o post[o] d_o[o] and
+d_residual[i] = sum_o comb[i, o] d_o[o] likewise per vector; each thread sums x . d_o[o] and
+residual[i] . d_o[o] over its columns, then a butterfly in each warp and the warps' sums in warp
+order give d_post[o] and d_comb[i, o] (a fixed order: two runs give the same bits).
+"""
+
+import tilelang.language as T
+
+from tilebake.mhc._common import MAX_MHC_MULT as MAX_M
+from tilebake.mhc._common import VEC
+from tilebake.mhc.mhc_post import MhcPostVariant
+
+THREADS = 128
+WARPS = THREADS // 32
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
+
+
+def build(v: MhcPostVariant):
+    return _forward() if v.direction == "fwd" else _backward()
+
+
+def _forward():
+    n = T.dynamic("num_tokens")
+    m = T.dynamic("mhc_mult")
+    h = T.dynamic("hidden")
+
+    @T.prim_func
+    def mhc_post_fwd_kernel(
+        X: T.Tensor((n, h), "bfloat16"),
+        R: T.Tensor((n, m, h), "bfloat16"),
+        POST: T.Tensor((n, m), "float32"),
+        COMB: T.Tensor((n, m, m), "float32"),
+        OUT: T.Tensor((n, m, h), "bfloat16"),
+    ):
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+            tx = T.get_thread_binding(0)
+            T.assume(h % VEC == 0)
+            xs = T.alloc_local((VEC,), "bfloat16")
+            rs = T.alloc_local((MAX_M, VEC), "bfloat16")
+            acc = T.alloc_local((VEC,), "float32")
+            ys = T.alloc_local((VEC,), "bfloat16")
+            c = (b * THREADS + tx) * VEC
+            if c < h:
+                for j in T.vectorized(VEC):
+                    xs[j] = X[t, c + j]
+                for i in T.unroll(MAX_M):
+                    if i < m:
+                        for j in T.vectorized(VEC):
+                            rs[i, j] = R[t, i, c + j]
+                for o in T.serial(m):
+                    post = POST[t, o]
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_mul(post, T.cast(xs[j], "float32"))
+                    for i in T.unroll(MAX_M):
+                        if i < m:
+                            comb = COMB[t, i, o]
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_add(acc[j], T.ieee_mul(comb, T.cast(rs[i, j], "float32")))
+                    for j in T.unroll(VEC):
+                        ys[j] = T.cast(acc[j], "bfloat16")
+                    for j in T.vectorized(VEC):
+                        OUT[t, o, c + j] = ys[j]
+
+    return mhc_post_fwd_kernel
+
+
+def _backward():
+    n = T.dynamic("num_tokens")
+    m = T.dynamic("mhc_mult")
+    h = T.dynamic("hidden")
+
+    @T.macro
+    def mix_sum(W, t, r, gs, acc, mhc_mult):  # (named as the kernel's size: TileLang names it after this)
+        """acc = sum over o in order of W[t, r, o] * gs[o] (W: POST with r = None, or COMB)."""
+        for j in T.unroll(VEC):
+            acc[j] = T.ieee_mul(W[t, 0] if r is None else W[t, r, 0], T.cast(gs[0, j], "float32"))
+        for o in T.unroll(MAX_M - 1):
+            if o + 1 < mhc_mult:
+                w = W[t, o + 1] if r is None else W[t, r, o + 1]
+                for j in T.unroll(VEC):
+                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(gs[o + 1, j], "float32")))
+
+    @T.prim_func
+    def mhc_post_bwd_kernel(
+        X: T.Tensor((n, h), "bfloat16"),
+        R: T.Tensor((n, m, h), "bfloat16"),
+        POST: T.Tensor((n, m), "float32"),
+        COMB: T.Tensor((n, m, m), "float32"),
+        DO: T.Tensor((n, m, h), "bfloat16"),
+        DX: T.Tensor((n, h), "bfloat16"),
+        DR: T.Tensor((n, m, h), "bfloat16"),
+        DPOST: T.Tensor((n, m), "float32"),
+        DCOMB: T.Tensor((n, m, m), "float32"),
+    ):
+        with T.Kernel(n, threads=THREADS) as t:
+            tx = T.get_thread_binding(0)
+            T.assume(h % VEC == 0)
+            xs = T.alloc_local((VEC,), "bfloat16")
+            rs = T.alloc_local((VEC,), "bfloat16")
+            gs = T.alloc_local((MAX_M, VEC), "bfloat16")
+            acc = T.alloc_local((VEC,), "float32")
+            ys = T.alloc_local((VEC,), "bfloat16")
+            # part[i, o]: residual[i] . d_o[o] (i < MAX_M), part[MAX_M, o]: x . d_o[o]
+            part = T.alloc_local((MAX_M + 1, MAX_M), "float32")
+            red = T.alloc_shared((WARPS, (MAX_M + 1) * MAX_M), "float32")
+            for r in T.unroll(MAX_M + 1):
+                for o in T.unroll(MAX_M):
+                    part[r, o] = T.float32(0)
+            for p in T.serial(T.ceildiv(h, THREADS * VEC)):
+                c = (p * THREADS + tx) * VEC
+                if c < h:
+                    for j in T.vectorized(VEC):
+                        xs[j] = X[t, c + j]
+                    for o in T.unroll(MAX_M):
+                        if o < m:
+                            for j in T.vectorized(VEC):
+                                gs[o, j] = DO[t, o, c + j]
+                    mix_sum(POST, t, None, gs, acc, m)
+                    for j in T.unroll(VEC):
+                        ys[j] = T.cast(acc[j], "bfloat16")
+                    for j in T.vectorized(VEC):
+                        DX[t, c + j] = ys[j]
+                    for o in T.unroll(MAX_M):
+                        if o < m:
+                            for j in T.unroll(VEC):
+                                part[MAX_M, o] = part[MAX_M, o] + T.cast(xs[j], "float32") * T.cast(gs[o, j], "float32")
+                    for i in T.unroll(MAX_M):
+                        if i < m:
+                            for j in T.vectorized(VEC):
+                                rs[j] = R[t, i, c + j]
+                            mix_sum(COMB, t, i, gs, acc, m)
+                            for j in T.unroll(VEC):
+                                ys[j] = T.cast(acc[j], "bfloat16")
+                            for j in T.vectorized(VEC):
+                                DR[t, i, c + j] = ys[j]
+                            for o in T.unroll(MAX_M):
+                                if o < m:
+                                    for j in T.unroll(VEC):
+                                        part[i, o] = part[i, o] + T.cast(rs[j], "float32") * T.cast(gs[o, j], "float32")
+            # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
+            for r in T.unroll(MAX_M + 1):
+                for o in T.unroll(MAX_M):
+                    if (r < m or r == MAX_M) and o < m:
+                        for s in T.unroll(5):
+                            part[r, o] = part[r, o] + T.shfl_xor(part[r, o], 16 >> s)
+                        if tx % 32 == 0:
+                            red[tx // 32, r * MAX_M + o] = part[r, o]
+            T.sync_threads()
+            if tx < (MAX_M + 1) * MAX_M:
+                r = tx // MAX_M
+                o = tx % MAX_M
+                if (r < m or r == MAX_M) and o < m:
+                    total = T.alloc_var("float32")
+                    total = red[0, tx]
+                    for w in T.unroll(WARPS - 1):
+                        total = total + red[w + 1, tx]
+                    if r == MAX_M:
+                        DPOST[t, o] = total
+                    else:
+                        DCOMB[t, r, o] = total
+
+    return mhc_post_bwd_kernel

@@ -1,0 +1,126 @@
+"""mhc_pre_apply_mix, as TileLang factories (build time only); m (<= MAX_M) and every size at run
+time.
+
+Forward: a thread an 8-column vector of a token (grid: tokens x column blocks); o = mix[0] x[0],
+then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
+bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
+Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
+(has_x_grad), and each thread sums o_grad . x[i] over its columns; a butterfly in each warp and
+the warps' sums in warp order give mix_grad[i] (a fixed order: two runs give the same bits).
+"""
+
+import tilelang.language as T
+
+from tilebake.mhc._common import MAX_MHC_MULT as MAX_M
+from tilebake.mhc._common import VEC
+from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixVariant
+
+THREADS = 128
+WARPS = THREADS // 32
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
+
+
+def build(v: MhcPreApplyMixVariant):
+    return _forward() if v.direction == "fwd" else _backward()
+
+
+def _forward():
+    n = T.dynamic("num_tokens")
+    m = T.dynamic("mhc_mult")
+    h = T.dynamic("hidden")
+
+    @T.prim_func
+    def mhc_pre_apply_mix_fwd_kernel(
+        X: T.Tensor((n, m, h), "bfloat16"),
+        MIX: T.Tensor((n, m), "float32"),
+        O: T.Tensor((n, h), "bfloat16"),
+    ):
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+            tx = T.get_thread_binding(0)
+            T.assume(h % VEC == 0)
+            xs = T.alloc_local((VEC,), "bfloat16")
+            acc = T.alloc_local((VEC,), "float32")
+            ys = T.alloc_local((VEC,), "bfloat16")
+            c = (b * THREADS + tx) * VEC
+            if c < h:
+                for j in T.vectorized(VEC):
+                    xs[j] = X[t, 0, c + j]
+                w0 = MIX[t, 0]
+                for j in T.unroll(VEC):
+                    acc[j] = T.ieee_mul(w0, T.cast(xs[j], "float32"))
+                for i in T.serial(m - 1):
+                    for j in T.vectorized(VEC):
+                        xs[j] = X[t, i + 1, c + j]
+                    w = MIX[t, i + 1]
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[j], "float32")))
+                for j in T.unroll(VEC):
+                    ys[j] = T.cast(acc[j], "bfloat16")
+                for j in T.vectorized(VEC):
+                    O[t, c + j] = ys[j]
+
+    return mhc_pre_apply_mix_fwd_kernel
+
+
+def _backward():
+    n = T.dynamic("num_tokens")
+    m = T.dynamic("mhc_mult")
+    h = T.dynamic("hidden")
+
+    @T.prim_func
+    def mhc_pre_apply_mix_bwd_kernel(
+        OG: T.Tensor((n, h), "bfloat16"),
+        X: T.Tensor((n, m, h), "bfloat16"),
+        MIX: T.Tensor((n, m), "float32"),
+        XG: T.Tensor((n, m, h), "bfloat16"),
+        MG: T.Tensor((n, m), "float32"),
+        has_x_grad: T.int32,
+    ):
+        with T.Kernel(n, threads=THREADS) as t:
+            tx = T.get_thread_binding(0)
+            T.assume(h % VEC == 0)
+            gs = T.alloc_local((VEC,), "bfloat16")
+            xs = T.alloc_local((VEC,), "bfloat16")
+            ys = T.alloc_local((VEC,), "bfloat16")
+            part = T.alloc_local((MAX_M,), "float32")
+            red = T.alloc_shared((WARPS, MAX_M), "float32")
+            for i in T.unroll(MAX_M):
+                part[i] = T.float32(0)
+            for p in T.serial(T.ceildiv(h, THREADS * VEC)):
+                c = (p * THREADS + tx) * VEC
+                if c < h:
+                    for j in T.vectorized(VEC):
+                        gs[j] = OG[t, c + j]
+                    for i in T.unroll(MAX_M):
+                        if i < m:
+                            for j in T.vectorized(VEC):
+                                xs[j] = X[t, i, c + j]
+                            for j in T.unroll(VEC):
+                                part[i] = part[i] + T.cast(gs[j], "float32") * T.cast(xs[j], "float32")
+                            if has_x_grad != 0:
+                                w = MIX[t, i]
+                                for j in T.vectorized(VEC):
+                                    ys[j] = XG[t, i, c + j]
+                                for j in T.unroll(VEC):
+                                    ys[j] = T.cast(
+                                        T.ieee_add(T.cast(ys[j], "float32"), T.ieee_mul(w, T.cast(gs[j], "float32"))),
+                                        "bfloat16",
+                                    )  # fmt: skip
+                                for j in T.vectorized(VEC):
+                                    XG[t, i, c + j] = ys[j]
+            # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
+            for i in T.unroll(MAX_M):
+                if i < m:
+                    for s in T.unroll(5):
+                        part[i] = part[i] + T.shfl_xor(part[i], 16 >> s)
+                    if tx % 32 == 0:
+                        red[tx // 32, i] = part[i]
+            T.sync_threads()
+            if tx < m:
+                total = T.alloc_var("float32")
+                total = red[0, tx]
+                for w in T.unroll(WARPS - 1):
+                    total = total + red[w + 1, tx]
+                MG[t, tx] = total
+
+    return mhc_pre_apply_mix_bwd_kernel

@@ -1,0 +1,23 @@
+"""Manifold hyper-connections (the original's tile_kernels.mhc): the residual stream held as m
+mixed streams. Each op writes into caller-given outputs where the original does (and allocates
+them where they are not given); CPU tensors take the references (tilebake.torch.mhc).
+
+Each op's module (its checks and kernel table) loads on first use.
+"""
+
+from tilebake._lazy import make_lazy
+
+# public name -> the module that defines it
+_MODULES = {
+    "expand_to_mhc_fwd": "expand_to_mhc",
+    "expand_to_mhc_bwd": "expand_to_mhc",
+    "mhc_post_fwd": "mhc_post",
+    "mhc_post_bwd": "mhc_post",
+    "mhc_pre_apply_mix_fwd": "mhc_pre_apply_mix",
+    "mhc_pre_apply_mix_bwd": "mhc_pre_apply_mix",
+}
+
+
+make_lazy(__name__)
+
+__all__ = list(_MODULES)

@@ -1,0 +1,46 @@
+"""Argument checks shared by the mhc ops: each raises TypeError / ValueError naming the argument
+and what is allowed."""
+
+from __future__ import annotations
+
+import torch
+
+from tilebake.engram._common import check_same_device
+
+MAX_MHC_MULT = 8  # streams: 1 to 8 (the original: 4)
+VEC = 8  # the kernels' bf16 columns a thread: hidden must be a multiple on CUDA
+
+
+def check_streams(t, name: str, dtype: torch.dtype, min_dims: int) -> None:
+    """A contiguous torch.Tensor of `dtype` with at least `min_dims` dims, on CUDA or the CPU."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {str(dtype).replace('torch.', '')}, got {t.dtype}")
+    if t.dim() < min_dims:
+        raise ValueError(f"{name} must have at least {min_dims} dims, got shape {tuple(t.shape)}")
+    if t.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def check_shape(t, name: str, shape: tuple, like: torch.Tensor, like_name: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    check_same_device(name, t, like, like_name)
+
+
+def check_mult_and_hidden(mhc_mult: int, hidden: int, name: str, t: torch.Tensor) -> None:
+    if not 1 <= mhc_mult <= MAX_MHC_MULT:
+        raise ValueError(f"{name}'s stream count (dim -2) must be 1 to {MAX_MHC_MULT}, got {mhc_mult}")
+    if t.is_cuda and (hidden % VEC or hidden < VEC):
+        raise ValueError(f"{name}'s hidden size (last dim) must be a positive multiple of {VEC} on CUDA, got {hidden}")
+    if t.numel() >= 2**31:
+        raise ValueError(f"{name} must have fewer than 2^31 elements, got {t.numel()}")
+
+
+def check_aligned(**tensors) -> None:
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}'s data must be 16-byte aligned, got address {t.data_ptr():#x}")

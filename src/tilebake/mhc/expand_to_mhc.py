@@ -1,0 +1,90 @@
+"""expand_to_mhc_fwd / _bwd: a hidden state broadcast to the m residual streams, and its gradient
+(the streams' gradients summed).
+
+Validate, launch (kernels_tl/mhc/expand_to_mhc.py, one kernel a direction; m and every size at
+run time); CPU tensors take the references (tilebake.torch.mhc), with the same bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake._runtime import plan
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
+
+_SIZES = i32("num_tokens", "mhc_mult", "hidden")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpandToMhcVariant(Variant):
+    family = "mhc"
+    op = "expand_to_mhc"
+
+    direction: str  # 'fwd' | 'bwd'
+
+    @classmethod
+    def all(cls):
+        return (cls("fwd"), cls("bwd"))
+
+    def params(self):
+        return (ptr("X", "O") if self.direction == "fwd" else ptr("OG", "XG")) + _SIZES
+
+
+_KERNELS = KernelTable(ExpandToMhcVariant)
+
+
+def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """o[..., i, :] = x for each of o's m streams, written in place; returns o.
+
+    x: (..., H) bf16; o: (..., m, H) bf16, 1 <= m <= 8; both contiguous (on CUDA 16-byte aligned,
+    H a multiple of 8; the original needs H % 128 == 0).
+    """
+    check_streams(x, "x", torch.bfloat16, 1)
+    check_streams(o, "o", torch.bfloat16, 2)
+    mhc_mult, hidden = o.shape[-2:]
+    check_shape(o, "o", (*x.shape[:-1], mhc_mult, x.shape[-1]), x, "x")
+    check_mult_and_hidden(mhc_mult, hidden, "o", o)
+    if o.numel() == 0:
+        return o
+    if not x.is_cuda:
+        from tilebake.torch.mhc import expand_to_mhc_ref
+
+        return o.copy_(expand_to_mhc_ref(x, mhc_mult))
+    check_aligned(x=x, o=o)
+    _KERNELS["fwd",](x.get_device(), x.data_ptr(), o.data_ptr(), x.numel() // hidden, mhc_mult, hidden)
+    plan.bump(o)
+    return o
+
+
+def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x_grad = the sum of o_grad's m streams (fp32, in stream order, rounded to bf16 once),
+    written into x_grad if given (else a new tensor); returns it.
+
+    o_grad: (..., m, H) bf16, 1 <= m <= 8; x_grad: (..., H) bf16; both contiguous (on CUDA
+    16-byte aligned, H a multiple of 8; the original needs H % 64 == 0).
+    """
+    check_streams(o_grad, "o_grad", torch.bfloat16, 2)
+    mhc_mult, hidden = o_grad.shape[-2:]
+    check_mult_and_hidden(mhc_mult, hidden, "o_grad", o_grad)
+    shape = (*o_grad.shape[:-2], hidden)
+    if x_grad is None:
+        x_grad = o_grad.new_empty(shape)
+    else:
+        check_streams(x_grad, "x_grad", torch.bfloat16, 1)
+        check_shape(x_grad, "x_grad", shape, o_grad, "o_grad")
+    if x_grad.numel() == 0:
+        return x_grad
+    if not o_grad.is_cuda:
+        from tilebake.torch.mhc import expand_to_mhc_bwd_ref
+
+        return x_grad.copy_(expand_to_mhc_bwd_ref(o_grad))
+    check_aligned(o_grad=o_grad, x_grad=x_grad)
+    _KERNELS["bwd",](o_grad.get_device(), o_grad.data_ptr(), x_grad.data_ptr(), x_grad.numel() // hidden, mhc_mult,
+                     hidden)  # fmt: skip
+    plan.bump(x_grad)
+    return x_grad

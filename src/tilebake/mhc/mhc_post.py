@@ -1,0 +1,124 @@
+"""mhc_post_fwd / _bwd: a layer's output x merged back into the m residual streams,
+out[..., o, :] = post[..., o] * x + sum over i of comb[..., i, o] * residual[..., i, :], and its
+gradients.
+
+Validate, allocate, launch (kernels_tl/mhc/mhc_post.py: the forward flat over 8-column vectors,
+the backward a CTA per token reducing the mix gradients over the hidden dim in a fixed order;
+m and every size at run time, any m from 1 to 8: the original's backward hard-codes m = 4). CPU
+tensors take the references (tilebake.torch.mhc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake._runtime import plan
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc._common import MAX_MHC_MULT, check_aligned, check_mult_and_hidden, check_shape, check_streams
+
+_SIZES = i32("num_tokens", "mhc_mult", "hidden")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPostVariant(Variant):
+    family = "mhc"
+    op = "mhc_post"
+
+    direction: str  # 'fwd' | 'bwd'
+
+    @classmethod
+    def all(cls):
+        return (cls("fwd"), cls("bwd"))
+
+    def params(self):
+        if self.direction == "fwd":
+            return ptr("X", "R", "POST", "COMB", "OUT") + _SIZES
+        return ptr("X", "R", "POST", "COMB", "DO", "DX", "DR", "DPOST", "DCOMB") + _SIZES
+
+
+_KERNELS = KernelTable(MhcPostVariant)
+
+
+def _check(x, residual, post_layer_mix, comb_res_mix):
+    """(tokens, m, hidden) of checked forward inputs; post_layer_mix may be (..., m) or (..., m, 1)."""
+    check_streams(x, "x", torch.bfloat16, 1)
+    check_streams(residual, "residual", torch.bfloat16, 2)
+    mhc_mult, hidden = residual.shape[-2:]
+    check_shape(residual, "residual", (*x.shape[:-1], mhc_mult, hidden), x, "x")
+    check_mult_and_hidden(mhc_mult, hidden, "residual", residual)
+    lead = tuple(x.shape[:-1])
+    check_streams(post_layer_mix, "post_layer_mix", torch.float32, 1)
+    if tuple(post_layer_mix.shape) not in ((*lead, mhc_mult), (*lead, mhc_mult, 1)):
+        raise ValueError(
+            f"post_layer_mix must have shape {(*lead, mhc_mult, 1)} or {(*lead, mhc_mult)}, got {tuple(post_layer_mix.shape)}"
+        )
+    check_shape(post_layer_mix, "post_layer_mix", post_layer_mix.shape, x, "x")
+    check_streams(comb_res_mix, "comb_res_mix", torch.float32, 2)
+    check_shape(comb_res_mix, "comb_res_mix", (*lead, mhc_mult, mhc_mult), x, "x")
+    return x.numel() // hidden, mhc_mult, hidden
+
+
+def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out[..., o, :] = post[..., o] * x + sum_i comb[..., i, o] * residual[..., i, :] (fp32, i in
+    order, rounded to bf16 once).
+
+    x: (..., H) bf16; residual: (..., m, H) bf16, 1 <= m <= 8; post_layer_mix: (..., m, 1) or
+    (..., m) fp32; comb_res_mix: (..., m, m) fp32 (comb[i, o]: stream i's weight in output o);
+    out: optional (..., m, H) bf16 (not overlapping the inputs). All contiguous; on CUDA 16-byte
+    aligned, H a multiple of 8. Returns out.
+    """
+    num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
+    if out is None:
+        out = torch.empty_like(residual)
+    else:
+        check_streams(out, "out", torch.bfloat16, 2)
+        check_shape(out, "out", residual.shape, x, "x")
+    if out.numel() == 0:
+        return out
+    if not x.is_cuda:
+        from tilebake.torch.mhc import mhc_post_ref
+
+        return out.copy_(mhc_post_ref(x, residual, post_layer_mix, comb_res_mix))
+    check_aligned(x=x, residual=residual, out=out)
+    _KERNELS["fwd",](
+        x.get_device(), x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(), comb_res_mix.data_ptr(),
+        out.data_ptr(), num_tokens, mhc_mult, hidden,
+    )  # fmt: skip
+    plan.bump(out)
+    return out
+
+
+def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
+    """The gradients of mhc_post_fwd: (d_x (..., H) bf16, d_residual (..., m, H) bf16, d_post (as
+    post_layer_mix) fp32, d_comb (..., m, m) fp32), new tensors.
+
+    d_x = sum_o post[o] d_o[o] and d_residual[i] = sum_o comb[i, o] d_o[o] (fp32, o in order);
+    d_post[o] = sum over the hidden dim of x d_o[o] and d_comb[i, o] of residual[i] d_o[o], in a
+    fixed order (two runs give the same bits). d_o: (..., m, H) bf16; the rest as mhc_post_fwd.
+    """
+    num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
+    check_streams(d_o, "d_o", torch.bfloat16, 2)
+    check_shape(d_o, "d_o", residual.shape, x, "x")
+    d_x, d_residual = torch.empty_like(x), torch.empty_like(residual)
+    d_post, d_comb = torch.empty_like(post_layer_mix), torch.empty_like(comb_res_mix)
+    if num_tokens == 0:
+        return d_x, d_residual, d_post, d_comb
+    if not x.is_cuda:
+        from tilebake.torch.mhc import mhc_post_bwd_ref
+
+        ref = mhc_post_bwd_ref(x, residual, post_layer_mix, comb_res_mix, d_o)
+        return tuple(t.copy_(r) for t, r in zip((d_x, d_residual, d_post, d_comb), ref))
+    check_aligned(x=x, residual=residual, d_o=d_o)
+    _KERNELS["bwd",](
+        x.get_device(), x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(), comb_res_mix.data_ptr(),
+        d_o.data_ptr(), d_x.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(), d_comb.data_ptr(), num_tokens,
+        mhc_mult, hidden,
+    )  # fmt: skip
+    return d_x, d_residual, d_post, d_comb
+
+
+assert MAX_MHC_MULT == 8  # kernels_tl/mhc/mhc_post.py's register arrays

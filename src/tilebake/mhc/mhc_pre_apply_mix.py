@@ -1,0 +1,115 @@
+"""mhc_pre_apply_mix_fwd / _bwd: a layer's input as the mix of the m residual streams,
+o = sum_i mix[i] * x[i], and its gradients.
+
+Validate, allocate, launch (kernels_tl/mhc/mhc_pre_apply_mix.py: the forward flat over 8-column
+vectors, the backward a CTA per token reducing mix_grad over the hidden dim in a fixed order;
+m (1 to 8) and every size at run time). CPU tensors take the references (tilebake.torch.mhc).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake._runtime import plan
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
+
+_SIZES = i32("num_tokens", "mhc_mult", "hidden")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPreApplyMixVariant(Variant):
+    family = "mhc"
+    op = "mhc_pre_apply_mix"
+
+    direction: str  # 'fwd' | 'bwd'
+
+    @classmethod
+    def all(cls):
+        return (cls("fwd"), cls("bwd"))
+
+    def params(self):
+        if self.direction == "fwd":
+            return ptr("X", "MIX", "O") + _SIZES
+        return ptr("OG", "X", "MIX", "XG", "MG") + _SIZES + i32("has_x_grad")
+
+
+_KERNELS = KernelTable(MhcPreApplyMixVariant)
+
+
+def _check(x, mix):
+    """(tokens, m, hidden) of checked inputs; mix may be (..., m) or (..., m, 1)."""
+    check_streams(x, "x", torch.bfloat16, 2)
+    mhc_mult, hidden = x.shape[-2:]
+    check_mult_and_hidden(mhc_mult, hidden, "x", x)
+    check_streams(mix, "mix", torch.float32, 1)
+    lead = tuple(x.shape[:-2])
+    if tuple(mix.shape) not in ((*lead, mhc_mult), (*lead, mhc_mult, 1)):
+        raise ValueError(f"mix must have shape {(*lead, mhc_mult)} or {(*lead, mhc_mult, 1)}, got {tuple(mix.shape)}")
+    check_shape(mix, "mix", mix.shape, x, "x")
+    return x.numel() // (mhc_mult * hidden), mhc_mult, hidden
+
+
+def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """o = sum_i mix[..., i] * x[..., i, :] (fp32, i in order, rounded to bf16 once), written into
+    o if given (else a new tensor); returns it.
+
+    x: (..., m, H) bf16, 1 <= m <= 8; mix: (..., m) or (..., m, 1) fp32; o: (..., H) bf16. All
+    contiguous; on CUDA 16-byte aligned, H a multiple of 8.
+    """
+    num_tokens, mhc_mult, hidden = _check(x, mix)
+    shape = (*x.shape[:-2], hidden)
+    if o is None:
+        o = x.new_empty(shape)
+    else:
+        check_streams(o, "o", torch.bfloat16, 1)
+        check_shape(o, "o", shape, x, "x")
+    if o.numel() == 0:
+        return o
+    if not x.is_cuda:
+        from tilebake.torch.mhc import mhc_pre_apply_mix_ref
+
+        return o.copy_(mhc_pre_apply_mix_ref(x, mix))
+    check_aligned(x=x, o=o)
+    _KERNELS["fwd",](x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
+    plan.bump(o)
+    return o
+
+
+def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The gradients of mhc_pre_apply_mix_fwd: x_grad[..., i, :] += mix[..., i] * o_grad in place
+    (fp32, rounded to bf16 once; without x_grad only mix_grad is computed), and returned, a new
+    mix_grad (shaped as mix) with mix_grad[..., i] = the sum over the hidden dim of
+    o_grad * x[..., i, :] in a fixed order (two runs give the same bits).
+
+    o_grad: (..., H) bf16; x_grad: (..., m, H) bf16 or None; x, mix as mhc_pre_apply_mix_fwd.
+    Returns mix_grad (the original's return value); x_grad is updated in place.
+    """
+    num_tokens, mhc_mult, hidden = _check(x, mix)
+    check_streams(o_grad, "o_grad", torch.bfloat16, 1)
+    check_shape(o_grad, "o_grad", (*x.shape[:-2], hidden), x, "x")
+    if x_grad is not None:
+        check_streams(x_grad, "x_grad", torch.bfloat16, 2)
+        check_shape(x_grad, "x_grad", x.shape, x, "x")
+    mix_grad = torch.empty_like(mix)
+    if num_tokens == 0:
+        return mix_grad
+    if not x.is_cuda:
+        from tilebake.torch.mhc import mhc_pre_apply_mix_bwd_ref
+
+        new_x_grad, ref = mhc_pre_apply_mix_bwd_ref(o_grad, x, mix, x_grad)
+        if x_grad is not None:
+            x_grad.copy_(new_x_grad)
+        return mix_grad.copy_(ref)
+    check_aligned(o_grad=o_grad, x=x, **({"x_grad": x_grad} if x_grad is not None else {}))
+    _KERNELS["bwd",](
+        x.get_device(), o_grad.data_ptr(), x.data_ptr(), mix.data_ptr(), 0 if x_grad is None else x_grad.data_ptr(),
+        mix_grad.data_ptr(), num_tokens, mhc_mult, hidden, int(x_grad is not None),
+    )  # fmt: skip
+    if x_grad is not None:
+        plan.bump(x_grad)
+    return mix_grad
