@@ -15,6 +15,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans
 from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
@@ -36,6 +37,7 @@ class ExpandToMhcVariant(Variant):
 
 
 _KERNELS = KernelTable(ExpandToMhcVariant)
+_PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
 def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -44,6 +46,15 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     x: (..., H) bf16; o: (..., m, H) bf16, 1 <= m <= 8; both contiguous (on CUDA 16-byte aligned,
     H a multiple of 8; the original needs H % 128 == 0).
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["fwd", x.ndim]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, x, o)
+            if result is not NotImplemented:
+                return result
     check_streams(x, "x", torch.bfloat16, 1)
     check_streams(o, "o", torch.bfloat16, 2)
     mhc_mult, hidden = o.shape[-2:]
@@ -58,6 +69,7 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     check_aligned(x=x, o=o)
     _KERNELS["fwd",](x.get_device(), x.data_ptr(), o.data_ptr(), x.numel() // hidden, mhc_mult, hidden)
     plan.bump(o)
+    plan.remember(_PLANS, ("fwd", x.ndim), _plans.expand_fwd, _KERNELS["fwd",], x.get_device(), x.ndim - 1)
     return o
 
 
@@ -68,10 +80,20 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
     o_grad: (..., m, H) bf16, 1 <= m <= 8; x_grad: (..., H) bf16; both contiguous (on CUDA
     16-byte aligned, H a multiple of 8; the original needs H % 64 == 0).
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["bwd", o_grad.ndim, x_grad is None]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, o_grad, x_grad)
+            if result is not NotImplemented:
+                return result
     check_streams(o_grad, "o_grad", torch.bfloat16, 2)
     mhc_mult, hidden = o_grad.shape[-2:]
     check_mult_and_hidden(mhc_mult, hidden, "o_grad", o_grad)
     shape = (*o_grad.shape[:-2], hidden)
+    given = x_grad
     if x_grad is None:
         x_grad = o_grad.new_empty(shape)
     else:
@@ -87,4 +109,6 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
     _KERNELS["bwd",](o_grad.get_device(), o_grad.data_ptr(), x_grad.data_ptr(), x_grad.numel() // hidden, mhc_mult,
                      hidden)  # fmt: skip
     plan.bump(x_grad)
+    plan.remember(_PLANS, ("bwd", o_grad.ndim, given is None), _plans.expand_bwd, _KERNELS["bwd",], o_grad.get_device(),
+                  o_grad.ndim - 2, given is not None)  # fmt: skip
     return x_grad

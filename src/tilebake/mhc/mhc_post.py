@@ -18,6 +18,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans
 from tilebake.mhc._common import MAX_MHC_MULT, check_aligned, check_mult_and_hidden, check_shape, check_streams
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
@@ -41,6 +42,7 @@ class MhcPostVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPostVariant)
+_PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
 def _check(x, residual, post_layer_mix, comb_res_mix):
@@ -71,7 +73,17 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
     out: optional (..., m, H) bf16 (not overlapping the inputs). All contiguous; on CUDA 16-byte
     aligned, H a multiple of 8. Returns out.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["fwd", x.ndim, post_layer_mix.ndim, out is None]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, x, residual, post_layer_mix, comb_res_mix, out)
+            if result is not NotImplemented:
+                return result
     num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
+    key = ("fwd", x.ndim, post_layer_mix.ndim, out is None)
     if out is None:
         out = torch.empty_like(residual)
     else:
@@ -89,6 +101,8 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
         out.data_ptr(), num_tokens, mhc_mult, hidden,
     )  # fmt: skip
     plan.bump(out)
+    plan.remember(_PLANS, key, _plans.post_fwd, _KERNELS["fwd",], x.get_device(), x.ndim - 1,
+                  post_layer_mix.ndim == x.ndim, not key[3])  # fmt: skip
     return out
 
 
@@ -100,6 +114,15 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     d_post[o] = sum over the hidden dim of x d_o[o] and d_comb[i, o] of residual[i] d_o[o], in a
     fixed order (two runs give the same bits). d_o: (..., m, H) bf16; the rest as mhc_post_fwd.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["bwd", x.ndim, post_layer_mix.ndim]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, x, residual, post_layer_mix, comb_res_mix, d_o)
+            if result is not NotImplemented:
+                return result
     num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
     check_streams(d_o, "d_o", torch.bfloat16, 2)
     check_shape(d_o, "d_o", residual.shape, x, "x")
@@ -118,6 +141,8 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
         d_o.data_ptr(), d_x.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(), d_comb.data_ptr(), num_tokens,
         mhc_mult, hidden,
     )  # fmt: skip
+    plan.remember(_PLANS, ("bwd", x.ndim, post_layer_mix.ndim), _plans.post_bwd, _KERNELS["bwd",], x.get_device(),
+                  x.ndim - 1, post_layer_mix.ndim == x.ndim)  # fmt: skip
     return d_x, d_residual, d_post, d_comb
 
 

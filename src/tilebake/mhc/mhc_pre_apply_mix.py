@@ -16,6 +16,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans
 from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
@@ -39,6 +40,7 @@ class MhcPreApplyMixVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPreApplyMixVariant)
+_PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
 def _check(x, mix):
@@ -61,8 +63,18 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
     x: (..., m, H) bf16, 1 <= m <= 8; mix: (..., m) or (..., m, 1) fp32; o: (..., H) bf16. All
     contiguous; on CUDA 16-byte aligned, H a multiple of 8.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["fwd", x.ndim, mix.ndim, o is None]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, x, mix, o)
+            if result is not NotImplemented:
+                return result
     num_tokens, mhc_mult, hidden = _check(x, mix)
     shape = (*x.shape[:-2], hidden)
+    key = ("fwd", x.ndim, mix.ndim, o is None)
     if o is None:
         o = x.new_empty(shape)
     else:
@@ -77,6 +89,8 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
     check_aligned(x=x, o=o)
     _KERNELS["fwd",](x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
     plan.bump(o)
+    plan.remember(_PLANS, key, _plans.pre_apply_mix_fwd, _KERNELS["fwd",], x.get_device(), x.ndim - 2,
+                  mix.ndim == x.ndim - 1, not key[3])  # fmt: skip
     return o
 
 
@@ -89,6 +103,15 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
     o_grad: (..., H) bf16; x_grad: (..., m, H) bf16 or None; x, mix as mhc_pre_apply_mix_fwd.
     Returns mix_grad (the original's return value); x_grad is updated in place.
     """
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS["bwd", x.ndim, mix.ndim, x_grad is None]
+        except (KeyError, AttributeError, TypeError):
+            pass
+        else:
+            result = plan.run(call, o_grad, x, mix, x_grad)
+            if result is not NotImplemented:
+                return result
     num_tokens, mhc_mult, hidden = _check(x, mix)
     check_streams(o_grad, "o_grad", torch.bfloat16, 1)
     check_shape(o_grad, "o_grad", (*x.shape[:-2], hidden), x, "x")
@@ -112,4 +135,6 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
     )  # fmt: skip
     if x_grad is not None:
         plan.bump(x_grad)
+    plan.remember(_PLANS, ("bwd", x.ndim, mix.ndim, x_grad is None), _plans.pre_apply_mix_bwd, _KERNELS["bwd",],
+                  x.get_device(), x.ndim - 2, mix.ndim == x.ndim - 1, x_grad is not None)  # fmt: skip
     return mix_grad
