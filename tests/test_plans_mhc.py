@@ -48,7 +48,7 @@ def test_expand_plans(given):
 
 @pytest.mark.parametrize("flat_post", [False, True])
 def test_post_plans(flat_post):
-    fwd, bwd = (ManifestKernel(post.MhcPostVariant(d)) for d in ("fwd", "bwd"))
+    fwd, bwd = (ManifestKernel(post.MhcPostVariant(d, 4)) for d in ("fwd", "bwd"))
     x, r, d_o = bf16(*LEAD, H), bf16(*LEAD, M, H), bf16(*LEAD, M, H)
     p = torch.rand(*LEAD, M, *(() if flat_post else (1,)))
     comb = torch.rand(*LEAD, M, M)
@@ -64,6 +64,8 @@ def test_post_plans(flat_post):
     assert [got[n] for n in ("DX", "DR", "DPOST", "DCOMB")] == [g.data_ptr() for g in grads]
     assert trace(_plans.post_fwd(fwd, 0, 2, flat_post, False), x, r, p, comb[..., :3].contiguous(), None)[0] is NotImplemented
     assert trace(_plans.post_bwd(bwd, 0, 2, not flat_post), x, r, p, comb, d_o)[0] is NotImplemented
+    r8, c8, p8 = bf16(*LEAD, 8, H), torch.rand(*LEAD, 8, 8), torch.rand(*LEAD, 8, *(() if flat_post else (1,)))
+    assert trace(_plans.post_bwd(bwd, 0, 2, flat_post), x, r8, p8, c8, bf16(*LEAD, 8, H))[0] is NotImplemented  # m > 4
 
 
 @pytest.mark.parametrize("given", [False, True])

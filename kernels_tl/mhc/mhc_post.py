@@ -1,4 +1,5 @@
-"""mhc_post, as TileLang factories (build time only); m (<= MAX_M) and every size at run time.
+"""mhc_post, as TileLang factories (build time only); m (up to the variant's max_mult, whose
+register arrays it sizes) and every size at run time.
 
 Forward: a thread an 8-column vector of a token (grid: tokens x column blocks), the m residual
 vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
@@ -12,7 +13,6 @@ order give d_post[o] and d_comb[i, o] (a fixed order: two runs give the same bit
 
 import tilelang.language as T
 
-from tilebake.mhc._common import MAX_MHC_MULT as MAX_M
 from tilebake.mhc._common import VEC
 from tilebake.mhc.mhc_post import MhcPostVariant
 
@@ -22,10 +22,10 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the h
 
 
 def build(v: MhcPostVariant):
-    return _forward() if v.direction == "fwd" else _backward()
+    return _forward(v.max_mult) if v.direction == "fwd" else _backward(v.max_mult)
 
 
-def _forward():
+def _forward(MAX_M):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")
@@ -70,7 +70,7 @@ def _forward():
     return mhc_post_fwd_kernel
 
 
-def _backward():
+def _backward(MAX_M):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")

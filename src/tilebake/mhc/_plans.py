@@ -62,12 +62,13 @@ def _mix_dims(lead, flat):
 
 
 def post_fwd(kernel, device, num_lead, flat_post, given):
-    """run(x, residual, post, comb, out or None) -> out."""
+    """run(x, residual, post, comb, out or None) -> out (M up to the kernel's max_mult)."""
     b = plan.Builder()
     lead = _lead(num_lead)
     x = dense(b, 0, BF16, lead + ["H"])
     r = dense(b, 1, BF16, lead + ["M", "H"])
     sizes(b, num_lead)
+    b.check(f"M <= {kernel.variant.max_mult}")
     post = dense(b, 2, FP32, _mix_dims(lead, flat_post))
     comb = dense(b, 3, FP32, lead + ["M", "M"])
     out = dense(b, 4, BF16, lead + ["M", "H"]) if given else b.alloc(BF16, lead + ["M", "H"])
@@ -79,12 +80,14 @@ def post_fwd(kernel, device, num_lead, flat_post, given):
 
 
 def post_bwd(kernel, device, num_lead, flat_post):
-    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb)."""
+    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb) (M up to the
+    kernel's max_mult)."""
     b = plan.Builder()
     lead = _lead(num_lead)
     x = dense(b, 0, BF16, lead + ["H"])
     r = dense(b, 1, BF16, lead + ["M", "H"])
     sizes(b, num_lead)
+    b.check(f"M <= {kernel.variant.max_mult}")
     post = dense(b, 2, FP32, _mix_dims(lead, flat_post))
     comb = dense(b, 3, FP32, lead + ["M", "M"])
     d_o = dense(b, 4, BF16, lead + ["M", "H"])

@@ -30,10 +30,13 @@ class MhcPostVariant(Variant):
     op = "mhc_post"
 
     direction: str  # 'fwd' | 'bwd'
+    # m's upper bound, which sizes the kernel's register arrays: 4 (m = 1 to 4; the original's
+    # only m) or 8 (m = 5 to 8)
+    max_mult: int
 
     @classmethod
     def all(cls):
-        return (cls("fwd"), cls("bwd"))
+        return tuple(cls(d, m) for d in ("fwd", "bwd") for m in MAX_MULTS)
 
     def params(self):
         if self.direction == "fwd":
@@ -41,7 +44,12 @@ class MhcPostVariant(Variant):
         return ptr("X", "R", "POST", "COMB", "DO", "DX", "DR", "DPOST", "DCOMB") + _SIZES
 
 
+MAX_MULTS = (4, MAX_MHC_MULT)
 _KERNELS = KernelTable(MhcPostVariant)
+
+
+def _max_mult(mhc_mult: int) -> int:
+    return next(c for c in MAX_MULTS if mhc_mult <= c)
 _PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
@@ -75,15 +83,15 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["fwd", x.ndim, post_layer_mix.ndim, out is None]
-        except (KeyError, AttributeError, TypeError):
+            call = _PLANS["fwd", x.ndim, post_layer_mix.ndim, out is None, residual.shape[-2] <= 4]
+        except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
             result = plan.run(call, x, residual, post_layer_mix, comb_res_mix, out)
             if result is not NotImplemented:
                 return result
     num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
-    key = ("fwd", x.ndim, post_layer_mix.ndim, out is None)
+    key = ("fwd", x.ndim, post_layer_mix.ndim, out is None, mhc_mult <= 4)
     if out is None:
         out = torch.empty_like(residual)
     else:
@@ -96,13 +104,14 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
 
         return out.copy_(mhc_post_ref(x, residual, post_layer_mix, comb_res_mix))
     check_aligned(x=x, residual=residual, out=out)
-    _KERNELS["fwd",](
+    kernel = _KERNELS["fwd", _max_mult(mhc_mult)]
+    kernel(
         x.get_device(), x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(), comb_res_mix.data_ptr(),
         out.data_ptr(), num_tokens, mhc_mult, hidden,
     )  # fmt: skip
     plan.bump(out)
-    plan.remember(_PLANS, key, _plans.post_fwd, _KERNELS["fwd",], x.get_device(), x.ndim - 1,
-                  post_layer_mix.ndim == x.ndim, not key[3])  # fmt: skip
+    plan.remember(_PLANS, key, _plans.post_fwd, kernel, x.get_device(), x.ndim - 1, post_layer_mix.ndim == x.ndim,
+                  not key[3])  # fmt: skip
     return out
 
 
@@ -116,8 +125,8 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["bwd", x.ndim, post_layer_mix.ndim]
-        except (KeyError, AttributeError, TypeError):
+            call = _PLANS["bwd", x.ndim, post_layer_mix.ndim, residual.shape[-2] <= 4]
+        except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
             result = plan.run(call, x, residual, post_layer_mix, comb_res_mix, d_o)
@@ -136,14 +145,14 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
         ref = mhc_post_bwd_ref(x, residual, post_layer_mix, comb_res_mix, d_o)
         return tuple(t.copy_(r) for t, r in zip((d_x, d_residual, d_post, d_comb), ref))
     check_aligned(x=x, residual=residual, d_o=d_o)
-    _KERNELS["bwd",](
+    kernel = _KERNELS["bwd", _max_mult(mhc_mult)]
+    kernel(
         x.get_device(), x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(), comb_res_mix.data_ptr(),
         d_o.data_ptr(), d_x.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(), d_comb.data_ptr(), num_tokens,
         mhc_mult, hidden,
     )  # fmt: skip
-    plan.remember(_PLANS, ("bwd", x.ndim, post_layer_mix.ndim), _plans.post_bwd, _KERNELS["bwd",], x.get_device(),
-                  x.ndim - 1, post_layer_mix.ndim == x.ndim)  # fmt: skip
+    plan.remember(_PLANS, ("bwd", x.ndim, post_layer_mix.ndim, mhc_mult <= 4), _plans.post_bwd, kernel,
+                  x.get_device(), x.ndim - 1, post_layer_mix.ndim == x.ndim)  # fmt: skip
     return d_x, d_residual, d_post, d_comb
 
 
-assert MAX_MHC_MULT == 8  # kernels_tl/mhc/mhc_post.py's register arrays
