@@ -61,16 +61,20 @@ def _mix_dims(lead, flat):
     return lead + ["M"] if flat else lead + ["M", 1]
 
 
-def post_fwd(kernel, device, num_lead, flat_post, given):
-    """run(x, residual, post, comb, out or None) -> out (M up to the kernel's max_mult)."""
-    b = plan.Builder()
+def _post_inputs(b, kernel, num_lead, flat_post):
+    """mhc_post's x, residual, post and comb (arguments 0-3), M up to the kernel's max_mult."""
     lead = _lead(num_lead)
     x = dense(b, 0, BF16, lead + ["H"])
     r = dense(b, 1, BF16, lead + ["M", "H"])
     sizes(b, num_lead)
     b.check(f"M <= {kernel.variant.max_mult}")
-    post = dense(b, 2, FP32, _mix_dims(lead, flat_post))
-    comb = dense(b, 3, FP32, lead + ["M", "M"])
+    return lead, x, r, dense(b, 2, FP32, _mix_dims(lead, flat_post)), dense(b, 3, FP32, lead + ["M", "M"])
+
+
+def post_fwd(kernel, device, num_lead, flat_post, given):
+    """run(x, residual, post, comb, out or None) -> out."""
+    b = plan.Builder()
+    lead, x, r, post, comb = _post_inputs(b, kernel, num_lead, flat_post)
     out = dense(b, 4, BF16, lead + ["M", "H"]) if given else b.alloc(BF16, lead + ["M", "H"])
     b.launch(kernel, device, X=x, R=r, POST=post, COMB=comb, OUT=out, num_tokens="T", mhc_mult="M", hidden="H")
     if given:
@@ -80,16 +84,9 @@ def post_fwd(kernel, device, num_lead, flat_post, given):
 
 
 def post_bwd(kernel, device, num_lead, flat_post):
-    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb) (M up to the
-    kernel's max_mult)."""
+    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb)."""
     b = plan.Builder()
-    lead = _lead(num_lead)
-    x = dense(b, 0, BF16, lead + ["H"])
-    r = dense(b, 1, BF16, lead + ["M", "H"])
-    sizes(b, num_lead)
-    b.check(f"M <= {kernel.variant.max_mult}")
-    post = dense(b, 2, FP32, _mix_dims(lead, flat_post))
-    comb = dense(b, 3, FP32, lead + ["M", "M"])
+    lead, x, r, post, comb = _post_inputs(b, kernel, num_lead, flat_post)
     d_o = dense(b, 4, BF16, lead + ["M", "H"])
     d_x, d_r = b.alloc(BF16, lead + ["H"]), b.alloc(BF16, lead + ["M", "H"])
     d_post, d_comb = b.alloc(FP32, _mix_dims(lead, flat_post)), b.alloc(FP32, lead + ["M", "M"])
