@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
@@ -60,6 +61,9 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     mhc_mult, hidden = o.shape[-2:]
     check_shape(o, "o", (*x.shape[:-1], mhc_mult, x.shape[-1]), x, "x")
     check_mult_and_hidden(mhc_mult, hidden, "o", o)
+    if torch.compiler.is_compiling():
+        torch.ops.tilebake.expand_to_mhc_fwd(x, o)
+        return o
     if o.numel() == 0:
         return o
     if not x.is_cuda:
@@ -94,6 +98,9 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
     check_mult_and_hidden(mhc_mult, hidden, "o_grad", o_grad)
     shape = (*o_grad.shape[:-2], hidden)
     given = x_grad
+    if torch.compiler.is_compiling():
+        result = torch.ops.tilebake.expand_to_mhc_bwd(o_grad)
+        return result if x_grad is None else x_grad.copy_(result)
     if x_grad is None:
         x_grad = o_grad.new_empty(shape)
     else:
@@ -112,3 +119,13 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
     plan.remember(_PLANS, ("bwd", o_grad.ndim, given is None), _plans.expand_bwd, _KERNELS["bwd",], o_grad.get_device(),
                   o_grad.ndim - 2, given is not None)  # fmt: skip
     return x_grad
+
+
+# torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it.
+def _fwd_impl(x, o):
+    expand_to_mhc_fwd(x, o)
+
+
+register("expand_to_mhc_fwd(Tensor x, Tensor(a!) o) -> ()", _fwd_impl, lambda x, o: None)
+register("expand_to_mhc_bwd(Tensor o_grad) -> Tensor", lambda o_grad: expand_to_mhc_bwd(o_grad),
+         lambda o_grad: o_grad.new_empty((*o_grad.shape[:-2], o_grad.shape[-1])))  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
@@ -92,6 +93,9 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
                 return result
     num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
     key = ("fwd", x.ndim, post_layer_mix.ndim, out is None, mhc_mult <= 4)
+    if torch.compiler.is_compiling():
+        result = torch.ops.tilebake.mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix)
+        return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty_like(residual)
     else:
@@ -135,6 +139,8 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     num_tokens, mhc_mult, hidden = _check(x, residual, post_layer_mix, comb_res_mix)
     check_streams(d_o, "d_o", torch.bfloat16, 2)
     check_shape(d_o, "d_o", residual.shape, x, "x")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
     d_x, d_residual = torch.empty_like(x), torch.empty_like(residual)
     d_post, d_comb = torch.empty_like(post_layer_mix), torch.empty_like(comb_res_mix)
     if num_tokens == 0:
@@ -156,3 +162,17 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     return d_x, d_residual, d_post, d_comb
 
 
+
+
+# torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it.
+register(
+    "mhc_post_fwd(Tensor x, Tensor residual, Tensor post_layer_mix, Tensor comb_res_mix) -> Tensor",
+    lambda x, r, p, c: mhc_post_fwd(x, r, p, c),
+    lambda x, r, p, c: torch.empty_like(r),
+)
+register(
+    "mhc_post_bwd(Tensor x, Tensor residual, Tensor post_layer_mix, Tensor comb_res_mix, Tensor d_o)"
+    " -> (Tensor, Tensor, Tensor, Tensor)",
+    lambda x, r, p, c, d_o: mhc_post_bwd(x, r, p, c, d_o),
+    lambda x, r, p, c, d_o: (torch.empty_like(x), torch.empty_like(r), torch.empty_like(p), torch.empty_like(c)),
+)

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
@@ -75,6 +76,9 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
     num_tokens, mhc_mult, hidden = _check(x, mix)
     shape = (*x.shape[:-2], hidden)
     key = ("fwd", x.ndim, mix.ndim, o is None)
+    if torch.compiler.is_compiling():
+        result = torch.ops.tilebake.mhc_pre_apply_mix_fwd(x, mix)
+        return result if o is None else o.copy_(result)
     if o is None:
         o = x.new_empty(shape)
     else:
@@ -118,6 +122,8 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
     if x_grad is not None:
         check_streams(x_grad, "x_grad", torch.bfloat16, 2)
         check_shape(x_grad, "x_grad", x.shape, x, "x")
+    if torch.compiler.is_compiling():
+        return torch.ops.tilebake.mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad)
     mix_grad = torch.empty_like(mix)
     if num_tokens == 0:
         return mix_grad
@@ -138,3 +144,16 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
     plan.remember(_PLANS, ("bwd", x.ndim, mix.ndim, x_grad is None), _plans.pre_apply_mix_bwd, _KERNELS["bwd",],
                   x.get_device(), x.ndim - 2, mix.ndim == x.ndim - 1, x_grad is not None)  # fmt: skip
     return mix_grad
+
+
+# torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it.
+register(
+    "mhc_pre_apply_mix_fwd(Tensor x, Tensor mix) -> Tensor",
+    lambda x, mix: mhc_pre_apply_mix_fwd(x, mix),
+    lambda x, mix: x.new_empty((*x.shape[:-2], x.shape[-1])),
+)
+register(
+    "mhc_pre_apply_mix_bwd(Tensor o_grad, Tensor x, Tensor mix, Tensor(a!)? x_grad) -> Tensor",
+    lambda og, x, mix, xg: mhc_pre_apply_mix_bwd(og, x, mix, xg),
+    lambda og, x, mix, xg: torch.empty_like(mix),
+)
