@@ -18,6 +18,16 @@ from .engram import (
 from .fake_quant import per_token_cast_and_cast_back_ref
 from .gate import moe_topk_gate_forward_ref
 from .mapping import expand_to_fused, expand_to_fused_with_sf, get_fused_mapping, reduce_fused
+from .mhc import (
+    expand_to_mhc_ref,
+    mhc_head_compute_mix_ref,
+    mhc_post_ref,
+    mhc_pre_apply_mix_ref,
+    mhc_pre_norm_fn_partials_ref,
+    mhc_pre_norm_fn_ref,
+    mhc_pre_split_mixes_ref,
+    sinkhorn_normalize_ref,
+)
 from .moe import moe_topk_gate_backward_ref, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .rope import rotary_embedding_ref
@@ -45,6 +55,14 @@ __all__ = [
     "grad_w_reduce_ref",
     "make_offsets",
     "mhc",
+    "expand_to_mhc_ref",
+    "mhc_head_compute_mix_ref",
+    "mhc_post_ref",
+    "mhc_pre_apply_mix_ref",
+    "mhc_pre_norm_fn_partials_ref",
+    "mhc_pre_norm_fn_ref",
+    "mhc_pre_split_mixes_ref",
+    "sinkhorn_normalize_ref",
     "get_mapping_from_psum",
     "grouped_topk",
     "moe_topk_gate_backward",

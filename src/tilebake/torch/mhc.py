@@ -84,3 +84,55 @@ def mhc_pre_apply_mix_bwd_ref(o_grad, x, mix, x_grad=None):
     mix_grad = (o_grad.double().unsqueeze(-2) * x.double()).sum(-1)
     assert mix_grad.shape[-1] == m
     return new_x_grad, mix_grad.to(mix.dtype).reshape(mix.shape)
+
+
+# --- the per-token mix math (references only so far: their kernels come next) ---
+
+
+def sinkhorn_normalize_ref(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> torch.Tensor:
+    """(..., m, m) -> a near doubly stochastic matrix: a row softmax plus eps, then `repeat`
+    column normalisations, each but the first preceded by a row normalisation (x / (sum + eps))."""
+    x = x.softmax(-1) + eps
+    x = x / (x.sum(-2, keepdim=True) + eps)
+    for _ in range(repeat - 1):
+        x = x / (x.sum(-1, keepdim=True) + eps)
+        x = x / (x.sum(-2, keepdim=True) + eps)
+    return x
+
+
+def mhc_head_compute_mix_ref(input_mix, mhc_scale, mhc_base, mhc_pre_eps: float) -> torch.Tensor:
+    """sigmoid(input_mix * scale + base) + eps: input_mix (..., m), scale (1,) or a scalar, base (m,)."""
+    return torch.sigmoid(input_mix * mhc_scale + mhc_base) + mhc_pre_eps
+
+
+def mhc_pre_split_mixes_ref(input_mixes, mhc_scale, mhc_base, mhc_mult: int, mhc_post_mult_value: float,
+                            mhc_pre_eps: float):  # fmt: skip
+    """input_mixes (..., m (m + 2)) -> (pre (..., m, 1), post (..., m, 1), comb (..., m, m)):
+    y = mixes * scale[segment] + base (scale (3,): one value each for the pre, post and comb
+    segments); pre = sigmoid(y[:m]) + eps, post = sigmoid(y[m:2m]) * post_mult, comb = y[2m:]."""
+    m = mhc_mult
+    scale = torch.cat([mhc_scale[0].expand(m), mhc_scale[1].expand(m), mhc_scale[2].expand(m * m)])
+    y = input_mixes * scale + mhc_base
+    pre = y[..., :m].sigmoid().unsqueeze(-1) + mhc_pre_eps
+    post = (y[..., m : 2 * m].sigmoid() * mhc_post_mult_value).unsqueeze(-1)
+    return pre, post, y[..., 2 * m :].unflatten(-1, (m, m))
+
+
+def mhc_pre_norm_fn_ref(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps: float) -> torch.Tensor:
+    """The pre-norm projection: residual (..., m, H) flattened to K = m H per token, mixes =
+    (x @ fn'^T) * rsqrt(mean(x^2) + eps) in fp32, fn' = fn * norm_weight where a weight is given;
+    fn (m3, K) fp32 -> (..., m3)."""
+    fn = mhc_fn if mhc_norm_weight is None else mhc_fn * mhc_norm_weight
+    x = residual.flatten(-2).float()
+    rstd = (x.square().mean(-1, keepdim=True) + mhc_norm_eps).rsqrt()
+    return (x @ fn.float().t()) * rstd
+
+
+def mhc_pre_norm_fn_partials_ref(residual, fn, n_splits: int):
+    """Split-K partials of the projection, as a split GEMM leaves them: (out_mul (n_splits, T, 1,
+    m3), sqrsum (n_splits, T, 1)) over K = m H cut into n_splits equal pieces (T tokens flattened)."""
+    x = residual.flatten(-2).float().reshape(-1, fn.shape[1])
+    pieces_x, pieces_fn = x.chunk(n_splits, dim=-1), fn.float().chunk(n_splits, dim=-1)
+    out_mul = torch.stack([(xs @ fs.t()).unsqueeze(1) for xs, fs in zip(pieces_x, pieces_fn)])
+    sqrsum = torch.stack([xs.square().sum(-1, keepdim=True) for xs in pieces_x])
+    return out_mul, sqrsum
