@@ -77,3 +77,25 @@ def test_rejects_bad_arguments(make, error, match):
         tilebake.mhc.mhc_post_bwd(*make(args), torch.zeros(5, 4, 256).bfloat16())
     with pytest.raises(ValueError, match=r"d_o must have shape \(5, 4, 256\)"):
         tilebake.mhc.mhc_post_bwd(*args, torch.zeros(5, 4, 255).bfloat16())
+
+
+def test_rejects_tensors_on_other_devices():
+    """Every mhc op names the argument on a device it does not take (a meta tensor stands for one
+    on the CPU-only CI host; tests/mhc run on the GPU for cuda:0 against the CPU)."""
+    x, residual, post, comb = inputs((5,), 4, 256, "cpu")
+    meta = torch.empty(5, 4, 4, device="meta")
+    with pytest.raises(ValueError, match="comb_res_mix must be on a CUDA device or the CPU, got meta"):
+        tilebake.mhc.mhc_post_fwd(x, residual, post, meta)
+    with pytest.raises(ValueError, match="o must be on a CUDA device or the CPU, got meta"):
+        tilebake.mhc.expand_to_mhc_fwd(x, torch.empty(5, 4, 256, dtype=torch.bfloat16, device="meta"))
+    with pytest.raises(ValueError, match="mix must be on a CUDA device or the CPU, got meta"):
+        tilebake.mhc.mhc_pre_apply_mix_fwd(residual, torch.empty(5, 4, device="meta"))
+    with pytest.raises(ValueError, match="d_o must be on a CUDA device or the CPU, got meta"):
+        tilebake.mhc.mhc_post_bwd(x, residual, post, comb, torch.empty(5, 4, 256, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_mixed_devices():
+    x, residual, post, comb = inputs((5,), 4, 256, "cuda")
+    with pytest.raises(ValueError, match="comb_res_mix must be on cuda:0 \\(as x\\), got cpu"):
+        tilebake.mhc.mhc_post_fwd(x, residual, post, comb.cpu())

@@ -115,7 +115,8 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
     check_aligned(o_grad=o_grad, x_grad=x_grad)
     _KERNELS["bwd",](o_grad.get_device(), o_grad.data_ptr(), x_grad.data_ptr(), x_grad.numel() // hidden, mhc_mult,
                      hidden)  # fmt: skip
-    plan.bump(x_grad)
+    if given is not None:  # written in place, as by torch's out= ops
+        plan.bump(x_grad)
     plan.remember(_PLANS, ("bwd", o_grad.ndim, given is None), _plans.expand_bwd, _KERNELS["bwd",], o_grad.get_device(),
                   o_grad.ndim - 2, given is not None)  # fmt: skip
     return x_grad
