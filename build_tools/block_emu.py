@@ -140,6 +140,7 @@ inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }  // (CUDA's is approxim
 #define __align__(n) alignas(n)
 struct uint4 { uint x, y, z, w; };
 struct uint2 { uint x, y; };
+struct uint1 { uint x; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 // IEEE single operations, each rounded once (g++ -O1 contracts nothing without -ffp-contract=fast)
@@ -148,6 +149,7 @@ inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+inline float __fsqrt_rn(float a) { volatile float r = std::sqrt(a); return r; }
 inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
 inline uint __byte_perm(uint x, uint y, uint s) {  // result byte i = byte (s >> 4i) & 7 of y:x
   unsigned long long in = ((unsigned long long)y << 32) | x;

@@ -3,6 +3,9 @@
 
     python build_tools/gpu_tests_on_emu.py OP[,OP...] PYTEST_ARGS...
     python build_tools/gpu_tests_on_emu.py per_block_cast_lossless tests/quant/test_per_block_cast_lossless.py -m gpu
+    python build_tools/gpu_tests_on_emu.py mhc_pre_norm_gemm:direction-bwd tests/mhc/test_mhc_pre_norm_gemm.py -m gpu
+
+OP:TEXT takes only the op's variants whose id contains TEXT (leave out those block_emu cannot model).
 
 Every variant of the named ops is lowered for sm_90a and compiled for the emulator, and put into the
 op module's KernelTable under its key, so the op's launches run it. CUDA is faked for the rest:
@@ -52,9 +55,10 @@ def install(ops: list[str], out_dir: Path) -> int:
     from tilebake._registry import all_variants
     from tilebake._runtime.loader import KernelTable
 
+    wanted = dict(op.partition(":")[::2] for op in ops)  # op -> a text its variant ids must contain
     count = 0
     for v in all_variants():
-        if v.op not in ops:
+        if v.op not in wanted or wanted[v.op] not in v.id:
             continue
         module = importlib.import_module(type(v).__module__)
         tables = [t for t in vars(module).values() if isinstance(t, KernelTable) and t.variant_type is type(v)]
@@ -63,7 +67,7 @@ def install(ops: list[str], out_dir: Path) -> int:
         key = tuple(getattr(v, f.name) for f in dataclasses.fields(v))
         tables[0][key] = emulated_kernel(v, out_dir)
         count += 1
-    missing = set(ops) - {v.op for v in all_variants()}
+    missing = set(wanted) - {v.op for v in all_variants()}
     if missing:
         raise SystemExit(f"unknown ops {sorted(missing)}")
     return count

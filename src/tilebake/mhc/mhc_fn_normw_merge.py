@@ -1,0 +1,98 @@
+"""mhc_fn_normw_merge_fwd / _bwd: the pre-norm RMSNorm weight folded into the projection,
+fn' = fn * normw (each row scaled by the weight), and its gradients.
+
+Validate, allocate, launch (kernels_tl/mhc/mhc_fn_normw_merge.py); CPU tensors take the same
+arithmetic in torch (fp32, the weight gradient's rows added in order: the same bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from tilebake._runtime import plan
+from tilebake._runtime.loader import KernelTable
+from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc._common import check_shape, check_streams
+
+_SIZES = i32("num_mixes", "num_cols")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcFnNormwMergeVariant(Variant):
+    family = "mhc"
+    op = "mhc_fn_normw_merge"
+
+    direction: str  # 'fwd' | 'bwd'
+
+    @classmethod
+    def all(cls):
+        return (cls("fwd"), cls("bwd"))
+
+    def params(self):
+        if self.direction == "fwd":
+            return ptr("FN", "W", "OUT") + _SIZES
+        return ptr("FN", "W", "OG", "FG", "WG") + _SIZES
+
+
+_KERNELS = KernelTable(MhcFnNormwMergeVariant)
+
+
+def _check(fn, normw):
+    check_streams(fn, "fn", torch.float32, 2)
+    if fn.dim() != 2:
+        raise ValueError(f"fn must be 2-D (mixes, m * hidden), got shape {tuple(fn.shape)}")
+    check_streams(normw, "normw", torch.float32, 1)
+    check_shape(normw, "normw", (fn.shape[1],), fn, "fn")
+    if fn.is_cuda and fn.shape[1] % 4:
+        raise ValueError(f"fn's columns must be a multiple of 4 on CUDA, got {fn.shape[1]}")
+    if fn.numel() >= 2**31:
+        raise ValueError(f"fn must have fewer than 2^31 elements, got {fn.numel()}")
+
+
+def _out(t, name, like: torch.Tensor, shape) -> torch.Tensor:
+    if t is None:
+        return torch.empty(shape, dtype=torch.float32, device=like.device)
+    check_streams(t, name, torch.float32, len(shape))
+    check_shape(t, name, shape, like, "fn")
+    return t
+
+
+def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out_fn = fn * normw: fn (N, K) fp32, normw (K,) fp32; written into out_fn if given, else a
+    new tensor; returns it."""
+    _check(fn, normw)
+    out_fn = _out(out_fn, "out_fn", fn, tuple(fn.shape))
+    if fn.numel() == 0:
+        return out_fn
+    if not fn.is_cuda:
+        return torch.mul(fn, normw, out=out_fn)
+    _KERNELS["fwd",](fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn.data_ptr(), *fn.shape)
+    plan.bump(out_fn)
+    return out_fn
+
+
+def mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad: Optional[torch.Tensor] = None,
+                           normw_grad: Optional[torch.Tensor] = None):  # fmt: skip
+    """(fn_grad = out_fn_grad * normw, normw_grad[k] = sum over rows n in order of
+    out_fn_grad[n, k] * fn[n, k]), fp32, written into the given tensors, else new ones."""
+    _check(fn, normw)
+    check_streams(out_fn_grad, "out_fn_grad", torch.float32, 2)
+    check_shape(out_fn_grad, "out_fn_grad", fn.shape, fn, "fn")
+    fn_grad = _out(fn_grad, "fn_grad", fn, tuple(fn.shape))
+    normw_grad = _out(normw_grad, "normw_grad", fn, (fn.shape[1],))
+    if not fn.is_cuda:
+        acc = torch.zeros(fn.shape[1], dtype=torch.float32)
+        for n in range(fn.shape[0]):
+            acc = acc + out_fn_grad[n] * fn[n]
+        torch.mul(out_fn_grad, normw, out=fn_grad)
+        return fn_grad, normw_grad.copy_(acc)
+    if fn.shape[0] == 0:
+        return fn_grad, normw_grad.zero_()
+    _KERNELS["bwd",](fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn_grad.data_ptr(), fn_grad.data_ptr(),
+                     normw_grad.data_ptr(), *fn.shape)  # fmt: skip
+    plan.bump(fn_grad)
+    plan.bump(normw_grad)
+    return fn_grad, normw_grad
