@@ -58,6 +58,15 @@ ORIGINAL = {
     "mhc_post_bwd m4 h7168 T8192": (391.3, None),
     "mhc_pre_apply_mix_fwd m4 h7168 T8192": (137.3, None),
     "mhc_pre_apply_mix_bwd m4 h7168 T8192": (355.1, None),
+    # the per-token mix ops (the brief's figures for the original on the H200, CUDA events)
+    "mhc_sinkhorn_fwd m4 r10 T512": (2.6, None),
+    "mhc_sinkhorn_bwd m4 r10 T512": (5.3, None),
+    "mhc_pre_split_mixes_fwd m4 T8192": (2.5, None),
+    "mhc_pre_split_mixes_bwd m4 T8192": (5.8, None),
+    "mhc_head_compute_mix_fwd m4 T8192": (1.7, None),
+    "mhc_head_compute_mix_bwd m4 T8192": (3.3, None),
+    "mhc_fn_normw_merge_fwd 24 x 28672": (3.0, None),
+    "mhc_fn_normw_merge_bwd 24 x 28672": (5.3, None),
 }
 
 
@@ -191,6 +200,47 @@ CASES.update({
         lambda t: (*_mhc_inputs(t)[:3], _mhc_inputs(t)[4]),
         lambda og, x, mix, xg: mhc.mhc_pre_apply_mix_bwd(og, x, mix, xg),
     ),
+})
+
+
+def _fp32(t, *shape):
+    return torch.randn(t, *shape, device="cuda")
+
+
+CASES.update({
+    "mhc_sinkhorn_fwd m4 r10 T512": (lambda t: (_fp32(512 if t > 1 else 1, 4, 4),), lambda x: mhc.mhc_sinkhorn_fwd(x)),
+    "mhc_sinkhorn_bwd m4 r10 T512": (
+        lambda t: (_fp32(512 if t > 1 else 1, 4, 4), _fp32(512 if t > 1 else 1, 4, 4)),
+        lambda g, x: mhc.mhc_sinkhorn_bwd(g, x),
+    ),
+})
+
+
+def _split_inputs(t):
+    t = 8192 if t > 1 else 1
+    return (_fp32(t, 4), _fp32(t, 4), _fp32(t, 16), _fp32(t, 24), _fp32(t, 4), torch.rand(3, device="cuda"),
+            _fp32(24))  # fmt: skip
+
+
+def _head_inputs(t):
+    t = 8192 if t > 1 else 1
+    return _fp32(t, 4), _fp32(t, 4), torch.rand(1, device="cuda"), _fp32(4)
+
+
+CASES.update({
+    "mhc_pre_split_mixes_fwd m4 T8192": (lambda t: _split_inputs(t)[3:4] + _split_inputs(t)[5:],
+                                         lambda x, s, b: mhc.mhc_pre_split_mixes_fwd(x, s, b)),
+    "mhc_pre_split_mixes_bwd m4 T8192": (_split_inputs, lambda *a: mhc.mhc_pre_split_mixes_bwd(*a)),
+    "mhc_head_compute_mix_fwd m4 T8192": (lambda t: _head_inputs(t)[1:], lambda x, s, b: mhc.mhc_head_compute_mix_fwd(x, s, b)),
+    "mhc_head_compute_mix_bwd m4 T8192": (_head_inputs, lambda *a: mhc.mhc_head_compute_mix_bwd(*a)),
+})
+
+
+CASES.update({
+    "mhc_fn_normw_merge_fwd 24 x 28672": (lambda t: (_fp32(24, 28672), _fp32(28672)),
+                                          lambda fn, w: mhc.mhc_fn_normw_merge_fwd(fn, w)),
+    "mhc_fn_normw_merge_bwd 24 x 28672": (lambda t: (_fp32(24, 28672), _fp32(28672), _fp32(24, 28672)),
+                                          lambda fn, w, g: mhc.mhc_fn_normw_merge_bwd(fn, w, g)),
 })
 
 

@@ -175,6 +175,65 @@ def _mhc():
         "mhc_pre_apply_mix_fwd": (lambda: mh.mhc_pre_apply_mix_fwd(residual, post),
                                   lambda: mh.mhc_pre_apply_mix_fwd(residual, post, x_grad)),
         "mhc_pre_apply_mix_bwd": (None, lambda: mh.mhc_pre_apply_mix_bwd(x, residual, post, d_o)),
+        **_mhc_mix(),
+        **_mhc_pre_norm(),
+    }
+
+
+def _mhc_mix():
+    mh = tilebake.mhc
+    m3 = 4 * 6
+    comb, g_comb = torch.rand(T, 4, 4, device=DEVICE), torch.rand(T, 4, 4, device=DEVICE)
+    comb_out = torch.empty_like(comb)
+    mixes, scale3, base3 = torch.rand(T, m3, device=DEVICE), torch.rand(3, device=DEVICE), torch.rand(m3, device=DEVICE)
+    pre, post = torch.empty(T, 4, 1, device=DEVICE), torch.empty(T, 4, 1, device=DEVICE)
+    mixes_grad, scale3_grad, base3_grad = torch.empty_like(mixes), torch.empty_like(scale3), torch.empty_like(base3)
+    head, scale1, base1 = torch.rand(T, 4, device=DEVICE), torch.rand(1, device=DEVICE), torch.rand(4, device=DEVICE)
+    head_out, sp, bp = torch.empty_like(head), torch.empty(132, 1, device=DEVICE), torch.empty(132, 4, device=DEVICE)
+    return {
+        "mhc_sinkhorn_fwd": (lambda: mh.mhc_sinkhorn_fwd(comb), lambda: mh.mhc_sinkhorn_fwd(comb, comb_out)),
+        "mhc_sinkhorn_bwd": (lambda: mh.mhc_sinkhorn_bwd(g_comb, comb), lambda: mh.mhc_sinkhorn_bwd(g_comb, comb, comb_out)),
+        "mhc_pre_split_mixes_fwd": (lambda: mh.mhc_pre_split_mixes_fwd(mixes, scale3, base3),
+                                    lambda: mh.mhc_pre_split_mixes_fwd(mixes, scale3, base3, pre, post, comb_out)),
+        "mhc_pre_split_mixes_bwd": (lambda: mh.mhc_pre_split_mixes_bwd(pre, post, comb, mixes, post, scale3, base3),
+                                    lambda: mh.mhc_pre_split_mixes_bwd(pre, post, comb, mixes, post, scale3, base3,
+                                                                       mixes_grad, scale3_grad, base3_grad)),
+        "mhc_head_compute_mix_fwd": (lambda: mh.mhc_head_compute_mix_fwd(head, scale1, base1),
+                                     lambda: mh.mhc_head_compute_mix_fwd(head, scale1, base1, head_out)),
+        "mhc_head_compute_mix_bwd": (lambda: mh.mhc_head_compute_mix_bwd(head, head, scale1, base1),
+                                     lambda: mh.mhc_head_compute_mix_bwd(head, head, scale1, base1, head_out, sp, bp)),
+    }
+
+
+def _mhc_pre_norm():
+    mh = tilebake.mhc
+    m3, k = 24, 4 * H
+    residual, fn, w = bf16(T, 4, H), torch.randn(m3, k, device=DEVICE), torch.rand(k, device=DEVICE)
+    fn_out, fn_grad, w_grad = torch.empty_like(fn), torch.empty_like(fn), torch.empty_like(w)
+    pm, ps = mh.mhc_pre_norm_gemm_fwd(residual, fn, 16)
+    om, sq, out = torch.empty(T, 1, m3, device=DEVICE), torch.empty(T, 1, device=DEVICE), torch.empty(T, m3, device=DEVICE)
+    r_grad = torch.zeros_like(residual)
+    scale3, base3 = torch.rand(3, device=DEVICE), torch.rand(m3, device=DEVICE)
+    post, comb, li = torch.empty(T, 4, 1, device=DEVICE), torch.empty(T, 4, 4, device=DEVICE), bf16(T, H)
+    outs, resids = [bf16(T, H)], [torch.empty_like(residual)]
+    return {
+        "mhc_pre_big_fuse_fwd": (lambda: mh.mhc_pre_big_fuse_fwd(pm, ps, scale3, base3, residual),
+                                 lambda: mh.mhc_pre_big_fuse_fwd(pm, ps, scale3, base3, residual, post, comb, li)),
+        "mhc_multilayer_recompute": (None, lambda: mh.mhc_multilayer_recompute(residual, [post], outs, [post], [comb], [li],
+                                                                               resids)),
+        "mhc_fn_normw_merge_fwd": (lambda: mh.mhc_fn_normw_merge_fwd(fn, w), lambda: mh.mhc_fn_normw_merge_fwd(fn, w, fn_out)),
+        "mhc_fn_normw_merge_bwd": (lambda: mh.mhc_fn_normw_merge_bwd(fn, w, fn),
+                                   lambda: mh.mhc_fn_normw_merge_bwd(fn, w, fn, fn_grad, w_grad)),
+        "mhc_pre_norm_gemm_fwd": (lambda: mh.mhc_pre_norm_gemm_fwd(residual, fn, 16),
+                                  lambda: mh.mhc_pre_norm_gemm_fwd(residual, fn, 16, pm, ps)),
+        "mhc_pre_norm_gemm_bwd": (lambda: mh.mhc_pre_norm_gemm_bwd(residual, fn, out, sq),
+                                  lambda: mh.mhc_pre_norm_gemm_bwd(residual, fn, out, sq, r_grad, fn_grad)),
+        "mhc_reduce_partials_and_rmsnorm_fwd": (
+            lambda: mh.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=k),
+            lambda: mh.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, om, sq, out, k, 1e-6, 16)),
+        "mhc_reduce_partials_and_rmsnorm_bwd": (
+            lambda: mh.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, rms_group_size=k),
+            lambda: mh.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, om.clone(), sq.clone(), k, 1e-6)),
     }
 
 

@@ -82,3 +82,78 @@ def test_pre_apply_mix_plans(given):
     got = one_launch(bwd, launches)
     assert got["has_x_grad"] == int(given) and got["XG"] == (xg.data_ptr() if given else 0)
     assert trace(_plans.pre_apply_mix_fwd(fwd, 0, 2, True, given), x, mix, o)[0] is NotImplemented  # mix (..., M, 1)
+
+
+def built(variant) -> ManifestKernel:
+    """The variant's launch spec from the installed kernel package; a skip where that package
+    predates the op (the plans are traced once the wheel holds it)."""
+    from tilebake._runtime import loader
+
+    if variant.id not in loader.op_kernels(variant.op):
+        pytest.skip(f"{variant.id} is not in the installed kernel package")
+    return ManifestKernel(variant)
+
+
+sinkhorn = importlib.import_module("tilebake.mhc.mhc_sinkhorn")
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_sinkhorn_plans(given):
+    from tilebake.mhc import _plans_mix
+
+    fwd, bwd = (built(sinkhorn.MhcSinkhornVariant(d, 4)) for d in ("fwd", "bwd"))
+    x, g = torch.randn(*LEAD, M, M), torch.randn(*LEAD, M, M)
+    out = torch.empty_like(x) if given else None
+    result, launches = trace(_plans_mix.sinkhorn(fwd, 0, 2, given, 7, 1e-3), x, out)
+    assert (result is out) if given else (result.shape, result.dtype) == (x.shape, torch.float32)
+    assert [launch[0] for launch in launches] == [0]
+    assert params_of(fwd, launches[0]) == dict(X=x.data_ptr(), OUT=result.data_ptr(), num_tokens=6, mhc_mult=M,
+                                               repeat=7, eps=pytest.approx(1e-3))  # fmt: skip
+    result, launches = trace(_plans_mix.sinkhorn_bwd(bwd, 0, 2, given, 7, 1e-3), g, x, out)
+    got = params_of(bwd, launches[0])
+    assert (got["G"], got["X"], got["GI"], got["num_tokens"], got["repeat"]) == (g.data_ptr(), x.data_ptr(),
+                                                                                 result.data_ptr(), 6, 7)  # fmt: skip
+    for bad in [(x[..., :3].contiguous(), out), (torch.randn(*LEAD, 8, 8), None), (x.transpose(-1, -2), out)]:
+        assert trace(_plans_mix.sinkhorn(fwd, 0, 2, given, 7, 1e-3), *bad)[0] is NotImplemented  # m > 4 too
+
+
+split = importlib.import_module("tilebake.mhc.mhc_pre_split_mixes")
+head = importlib.import_module("tilebake.mhc.mhc_head_compute_mix")
+
+
+def test_split_mixes_plans():
+    from tilebake.mhc import _plans_mix
+
+    fwd, bwd, red = (built(split.MhcPreSplitMixesVariant(d)) for d in ("fwd", "bwd", "bwd_reduce"))
+    x, s, b = torch.randn(*LEAD, 24), torch.rand(3), torch.randn(24)
+    outs, launches = trace(_plans_mix.split_fwd(fwd, 0, 2, M, (None, None, None), 2.0, 1e-6), x, s, b, None, None, None)
+    assert [(o.shape, o.dtype) for o in outs] == [((*LEAD, M, 1), torch.float32)] * 2 + [((*LEAD, M, M), torch.float32)]
+    got = params_of(fwd, launches[0])
+    assert (got["num_tokens"], got["mhc_mult"], got["mix_cols"], got["COMB"]) == (6, M, 24, outs[2].data_ptr())
+    pg, qg, cg, post = torch.randn(*LEAD, M), torch.randn(*LEAD, M), torch.randn(*LEAD, M * M), torch.randn(*LEAD, M)
+    nds = (3, 3, 3, 3, None, None, None)
+    grads, launches = trace(_plans_mix.split_bwd(bwd, red, 0, 2, M, nds, 1.0, 132), pg, qg, cg, x, post, s, b, None, None, None)
+    assert [g.shape for g in grads] == [x.shape, s.shape, b.shape]
+    assert [launch[0] for launch in launches] == [0, 1]
+    first, second = params_of(bwd, launches[0]), params_of(red, launches[1])
+    assert (first["num_partials"], first["num_cols"], first["PART"]) == (6, 28, second["PART"])  # min(T, SMs) rows
+    assert (second["SG"], second["BG"]) == (grads[1].data_ptr(), grads[2].data_ptr())
+    assert trace(_plans_mix.split_fwd(fwd, 0, 2, M, (None, None, None), 2.0, 1e-6), x[..., :15].contiguous(), s, b,
+                 None, None, None)[0] is NotImplemented  # fmt: skip
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_head_compute_mix_plans(given):
+    from tilebake.mhc import _plans_mix
+
+    fwd, bwd = (built(head.MhcHeadComputeMixVariant(d)) for d in ("fwd", "bwd"))
+    x, s, b, g = torch.randn(*LEAD, M), torch.rand(1), torch.randn(M), torch.randn(*LEAD, M)
+    out = torch.empty_like(x) if given else None
+    result, launches = trace(_plans_mix.head_fwd(fwd, 0, 2, given, 1e-6), x, s, b, out)
+    assert (result is out) if given else result.shape == x.shape
+    assert params_of(fwd, launches[0])["OUT"] == result.data_ptr()
+    sp, bp = (torch.empty(5, 1), torch.empty(5, M)) if given else (None, None)
+    flags = (given, given, given)
+    grads, launches = trace(_plans_mix.head_bwd(bwd, 0, 2, flags, None if given else 9), g, x, s, b, out, sp, bp)
+    assert (grads[1].shape, grads[2].shape) == (((5, 1), (5, M)) if given else ((9, 1), (9, M)))
+    assert params_of(bwd, launches[0])["num_partials"] == (5 if given else 9)

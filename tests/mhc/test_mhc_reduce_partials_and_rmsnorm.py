@@ -1,5 +1,6 @@
 """mhc_reduce_partials_and_rmsnorm_fwd / _bwd: the split partials added in split order and the
-RMSNorm scaling (the same bits on the CPU and the GPU: IEEE fp32 throughout), against float64,
+RMSNorm scaling (IEEE fp32 throughout: the GPU within 2 ulp of the CPU path, whose reciprocal
+torch computes its own way), against float64,
 and the backward against torch autograd of the scaling in float64; argument errors on the CPU."""
 
 import pytest
@@ -30,10 +31,11 @@ def test_forward(device, tokens, mixes, splits, group):
     # the scaling of the fp32 sums (their own rounding is checked above)
     r = (sqrsum.cpu().double() / group + EPS).rsqrt()
     torch.testing.assert_close(out.cpu().double(), (out_mul.cpu().double() * r.unsqueeze(-1)).squeeze(1), rtol=1e-6, atol=0)
-    if device == "cuda":  # the CPU path's arithmetic is the kernel's
+    if device == "cuda":  # the sums in split order: the CPU path's bits; the scaling within 2 ulp
         want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm.cpu(), ps.cpu(), rms_group_size=group, rms_eps=EPS)
-        for name, a, b in zip(("out_mul", "sqrsum", "out"), (out_mul, sqrsum, out), want):
-            assert_bytes_equal(a.cpu(), b, name)
+        assert_bytes_equal(out_mul.cpu(), want[0], "out_mul")
+        assert_bytes_equal(sqrsum.cpu(), want[1], "sqrsum")
+        torch.testing.assert_close(out.cpu(), want[2], rtol=2.5e-7, atol=0)
     given = tuple(poison_(torch.empty_like(t)) for t in (out_mul, sqrsum, out))
     got = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, *given, group, EPS, splits)
     assert all(a is b for a, b in zip(got, given))
@@ -60,8 +62,8 @@ def test_backward(device, tokens, mixes, splits, group):
     if device == "cuda":
         want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_bwd(out_grad.cpu(), out_mul.cpu(), sqrsum.cpu(),
                                                                 rms_group_size=group, rms_eps=EPS)  # fmt: skip
-        assert_bytes_equal(omg.cpu(), want[0], "out_mul_grad")
-        assert_bytes_equal(osg.cpu(), want[1], "sqrsum_grad")
+        torch.testing.assert_close(omg.cpu(), want[0], rtol=2.5e-7, atol=0)
+        torch.testing.assert_close(osg.cpu(), want[1], rtol=1e-6, atol=0)
 
 
 def test_rejects_bad_arguments():

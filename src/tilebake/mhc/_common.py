@@ -44,3 +44,19 @@ def check_aligned(**tensors) -> None:
     for name, t in tensors.items():
         if t.data_ptr() % 16:
             raise ValueError(f"{name}'s data must be 16-byte aligned, got address {t.data_ptr():#x}")
+
+
+def check_int(value, name: str, minimum: int) -> int:
+    """A Python int (not a bool) >= minimum."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_float(value, name: str) -> float:
+    """A Python float (or int, not a bool): a kernel's fp32 scalar."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    return float(value)

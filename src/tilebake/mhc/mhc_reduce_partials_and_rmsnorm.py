@@ -1,7 +1,8 @@
 """mhc_reduce_partials_and_rmsnorm_fwd / _bwd: the pre-norm projection's split-K partials
 (mhc_pre_norm_gemm_fwd) added in split order and scaled by the RMSNorm factor,
 out = out_mul * rsqrt(sqrsum / rms_group_size + eps), and the backward of that scaling.
-One RMS group a token (the original's only case).
+One RMS group a token (the original's only case). The CUDA sums equal the CPU path's bits; the
+scaling is within 2 ulp of it (torch computes the reciprocal its own way).
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_reduce_partials_and_rmsnorm.py); CPU tensors take
 the same arithmetic in torch.

@@ -136,3 +136,93 @@ def mhc_pre_norm_fn_partials_ref(residual, fn, n_splits: int):
     out_mul = torch.stack([(xs @ fs.t()).unsqueeze(1) for xs, fs in zip(pieces_x, pieces_fn)])
     sqrsum = torch.stack([xs.square().sum(-1, keepdim=True) for xs in pieces_x])
     return out_mul, sqrsum
+
+
+# --- the mix math as the kernels compute it (their CPU path): sums in index order, each sum,
+# product and quotient rounded on its own; the exponential is the one thing not bit-exact ---
+
+
+def _ordered_sum(x: torch.Tensor, dim: int, start_at_zero: bool = False) -> torch.Tensor:
+    """x summed over dim in index order (kept as a size-1 dim); from 0.0 if start_at_zero."""
+    parts = x.unbind(dim)
+    acc = torch.zeros_like(parts[0]) + parts[0] if start_at_zero else parts[0]
+    for part in parts[1:]:
+        acc = acc + part
+    return acc.unsqueeze(dim)
+
+
+def _sinkhorn_softmax(x: torch.Tensor, eps: float):
+    """(p, p + eps): the rows' softmax as the kernels compute it (max subtracted, true division)."""
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    p = e / _ordered_sum(e, -1)
+    return p, p + eps
+
+
+def sinkhorn_ordered_ref(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> torch.Tensor:
+    """sinkhorn_normalize_ref with the kernels' sums (index order) and divisions (x / (sum + eps));
+    step s normalises the columns (s even) or the rows (s odd), 2 * repeat - 1 steps."""
+    _, x = _sinkhorn_softmax(x, eps)
+    for s in range(2 * repeat - 1):
+        x = x / (_ordered_sum(x, -2 if s % 2 == 0 else -1) + eps)
+    return x
+
+
+def sinkhorn_bwd_ordered_ref(grad_output: torch.Tensor, x: torch.Tensor, repeat: int = 10, eps: float = 1e-6):
+    """The gradient of sinkhorn_ordered_ref(x) for grad_output, as the kernel computes it: per step
+    in reverse, g = (g - sum(g * y)) / d for y = x_in / d, d = sum(x_in) + eps along the step's
+    axis; then the softmax's p * (g - sum over the row of g * p). Each sum of products from 0."""
+    p, cur = _sinkhorn_softmax(x, eps)
+    inputs = []
+    for s in range(2 * repeat - 1):
+        inputs.append(cur)
+        cur = cur / (_ordered_sum(cur, -2 if s % 2 == 0 else -1) + eps)
+    g = grad_output
+    for s in reversed(range(2 * repeat - 1)):
+        dim = -2 if s % 2 == 0 else -1
+        d = _ordered_sum(inputs[s], dim) + eps
+        g = (g - _ordered_sum(g * (inputs[s] / d), dim, start_at_zero=True)) / d
+    return p * (g - _ordered_sum(g * p, -1, start_at_zero=True))
+
+
+def _segment_scale(mhc_scale: torch.Tensor, m: int) -> torch.Tensor:
+    return torch.cat([mhc_scale[0].expand(m), mhc_scale[1].expand(m), mhc_scale[2].expand(m * m)])
+
+
+def mhc_pre_split_mixes_bwd_ref(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes, mhc_scale,
+                                mhc_base, mhc_post_mult_value: float):  # fmt: skip
+    """(input_mixes_grad, mhc_scale_grad (3,), mhc_base_grad) of mhc_pre_split_mixes_ref, the
+    sigmoids recomputed from input_mixes as the kernel does (1 / (1 + exp(-y)), s (1 - s), the
+    post gradient times post_mult first, each operation rounded on its own); the scale and base
+    gradients summed over the tokens in float64 (an oracle for tolerances, not for bits)."""
+    m3 = input_mixes.shape[-1]
+    m = next(k for k in range(1, m3 + 1) if k * (k + 2) == m3)
+    mixes = input_mixes.reshape(-1, m3)
+    scale = _segment_scale(mhc_scale, m)
+    y = mixes * scale + mhc_base
+    s = 1 / (1 + (-y[:, : 2 * m]).exp())
+    ds = s * (1 - s)
+    g_pre = pre_layer_mix_grad.reshape(-1, m) * ds[:, :m]
+    g_post = post_layer_mix_grad.reshape(-1, m) * mhc_post_mult_value * ds[:, m:]
+    gy = torch.cat([g_pre, g_post, comb_res_mix_grad.reshape(-1, m * m)], dim=-1)
+    prods = (gy.double() * mixes.double()).sum(0)
+    scale_grad = torch.stack([prods[:m].sum(), prods[m : 2 * m].sum(), prods[2 * m :].sum()])
+    return (gy * scale).reshape(input_mixes.shape), scale_grad.to(mhc_scale.dtype), gy.double().sum(0).to(mhc_base.dtype)
+
+
+def mhc_head_compute_mix_bwd_ref(output_mix_grad, input_mix, mhc_scale, mhc_base, num_partials: int):
+    """(input_mix_grad, scale partials (P, 1), base partials (P, m)) of mhc_head_compute_mix_ref:
+    gy = g * s (1 - s) with s = 1 / (1 + exp(-y)) recomputed (each operation rounded on its own),
+    input_mix_grad = gy * scale; partial row b sums the tokens [b * ceil(T / P), ...) as the
+    kernel's CTA b does, in float64 (summing the rows gives the full gradients)."""
+    m = input_mix.shape[-1]
+    x = input_mix.reshape(-1, m)
+    s = 1 / (1 + (-(x * mhc_scale + mhc_base)).exp())
+    gy = output_mix_grad.reshape(-1, m) * (s * (1 - s))
+    per = -(-x.shape[0] // num_partials)
+    scale_p = torch.zeros(num_partials, 1, dtype=torch.float64)
+    base_p = torch.zeros(num_partials, m, dtype=torch.float64)
+    for b in range(min(num_partials, -(-x.shape[0] // per) if per else 0)):
+        rows = slice(b * per, (b + 1) * per)
+        base_p[b] = gy[rows].double().sum(0)
+        scale_p[b, 0] = (gy[rows].double() * x[rows].double()).sum()
+    return (gy * mhc_scale).reshape(input_mix.shape), scale_p.float(), base_p.float()
