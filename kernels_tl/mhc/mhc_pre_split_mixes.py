@@ -152,16 +152,16 @@ def _reduce():
         SG: T.Tensor((3,), "float32"),
         BG: T.Tensor((m3,), "float32"),
     ):
-        with T.Kernel(1, threads=REDUCE_THREADS) as _:
+        with T.Kernel(T.ceildiv(cols, REDUCE_COLS), threads=REDUCE_THREADS) as b:  # one CTA for m <= 8's 84 columns
             tx = T.get_thread_binding(0)
             T.assume(cols % 4 == 0)
             acc = T.alloc_local((REDUCE_VEC,), "float32")
             rows = T.alloc_local((REDUCE_UNROLL, REDUCE_VEC), "float32")
             red = T.alloc_shared((REDUCE_WARPS, REDUCE_COLS), "float32")
-            sum_partial_rows(PART, parts, cols, 0, acc, rows, red, tx)
+            sum_partial_rows(PART, parts, cols, b * REDUCE_COLS, acc, rows, red, tx)
             if tx < 32:
                 for j in T.unroll(REDUCE_VEC):
-                    col = tx * REDUCE_VEC + j
+                    col = b * REDUCE_COLS + tx * REDUCE_VEC + j
                     if col < 3:
                         SG[col] = acc[j]
                     elif col < 3 + m3:
