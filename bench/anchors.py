@@ -67,6 +67,8 @@ ORIGINAL = {
     "mhc_head_compute_mix_bwd m4 T8192": (3.3, None),
     "mhc_fn_normw_merge_fwd 24 x 28672": (3.0, None),
     "mhc_fn_normw_merge_bwd 24 x 28672": (5.3, None),
+    "mhc_pre_big_fuse_fwd m4 h7168 T8192 1 split": (149.3, None),
+    "mhc_multilayer_recompute m4 h8192 T8192 L10": (2213.6, None),
 }
 
 
@@ -242,6 +244,28 @@ CASES.update({
     "mhc_fn_normw_merge_bwd 24 x 28672": (lambda t: (_fp32(24, 28672), _fp32(28672), _fp32(24, 28672)),
                                           lambda fn, w, g: mhc.mhc_fn_normw_merge_bwd(fn, w, g)),
 })
+
+
+def _big_fuse_inputs(t):
+    t = 8192 if t > 1 else 1
+    return _fp32(1, t, 1, 24), torch.rand(1, t, 1, device="cuda") * 4 * H, torch.rand(3, device="cuda"), _fp32(24), bf16(t, 4, H)
+
+
+def _recompute_inputs(t, layers=10, hidden=8192):
+    t = 8192 if t > 1 else 1
+    mix = lambda *s: torch.rand(t, *s, device="cuda")  # noqa: E731
+    return (bf16(t, 4, hidden), [mix(4, 1) for _ in range(layers)], [bf16(t, hidden) for _ in range(layers)],
+            [mix(4, 1) for _ in range(layers)], [mix(4, 4) for _ in range(layers)],
+            [torch.empty(t, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(layers)],
+            [torch.empty(t, 4, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(layers)])  # fmt: skip
+
+
+CASES.update({
+    # the original's fused kernel takes n_splits == 1 only
+    "mhc_pre_big_fuse_fwd m4 h7168 T8192 1 split": (_big_fuse_inputs,
+                                                    lambda om, sq, s, b, r: mhc.mhc_pre_big_fuse_fwd(om, sq, s, b, r, n_splits=1)),
+    "mhc_multilayer_recompute m4 h8192 T8192 L10": (_recompute_inputs, lambda *a: mhc.mhc_multilayer_recompute(*a)),
+})  # fmt: skip
 
 
 def release_copy_buffers():

@@ -102,7 +102,7 @@ def _backward(MAX_M):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
             xs = T.alloc_local((VEC,), "bfloat16")
-            rs = T.alloc_local((VEC,), "bfloat16")
+            rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             gs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
@@ -121,6 +121,10 @@ def _backward(MAX_M):
                         if o < m:
                             for j in T.vectorized(VEC):
                                 gs[o, j] = DO[t, o, c + j]
+                    for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
+                        if i < m:
+                            for j in T.vectorized(VEC):
+                                rs[i, j] = R[t, i, c + j]
                     mix_sum(POST, t, None, gs, acc, m)
                     for j in T.unroll(VEC):
                         ys[j] = T.cast(acc[j], "bfloat16")
@@ -132,8 +136,6 @@ def _backward(MAX_M):
                                 part[MAX_M, o] = part[MAX_M, o] + T.cast(xs[j], "float32") * T.cast(gs[o, j], "float32")
                     for i in T.unroll(MAX_M):
                         if i < m:
-                            for j in T.vectorized(VEC):
-                                rs[j] = R[t, i, c + j]
                             mix_sum(COMB, t, i, gs, acc, m)
                             for j in T.unroll(VEC):
                                 ys[j] = T.cast(acc[j], "bfloat16")
@@ -142,7 +144,7 @@ def _backward(MAX_M):
                             for o in T.unroll(MAX_M):
                                 if o < m:
                                     for j in T.unroll(VEC):
-                                        part[i, o] = part[i, o] + T.cast(rs[j], "float32") * T.cast(gs[o, j], "float32")
+                                        part[i, o] = part[i, o] + T.cast(rs[i, j], "float32") * T.cast(gs[o, j], "float32")
             # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
             for r in T.unroll(MAX_M + 1):
                 for o in T.unroll(MAX_M):

@@ -38,22 +38,23 @@ def _forward():
         with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            xs = T.alloc_local((VEC,), "bfloat16")
+            xs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
             c = (b * THREADS + tx) * VEC
             if c < h:
-                for j in T.vectorized(VEC):
-                    xs[j] = X[t, 0, c + j]
+                for i in T.unroll(MAX_M):  # every stream's vector in flight at once: one DRAM latency
+                    if i < m:
+                        for j in T.vectorized(VEC):
+                            xs[i, j] = X[t, i, c + j]
                 w0 = MIX[t, 0]
                 for j in T.unroll(VEC):
-                    acc[j] = T.ieee_mul(w0, T.cast(xs[j], "float32"))
-                for i in T.serial(m - 1):
-                    for j in T.vectorized(VEC):
-                        xs[j] = X[t, i + 1, c + j]
-                    w = MIX[t, i + 1]
-                    for j in T.unroll(VEC):
-                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[j], "float32")))
+                    acc[j] = T.ieee_mul(w0, T.cast(xs[0, j], "float32"))
+                for i in T.unroll(MAX_M - 1):
+                    if i + 1 < m:
+                        w = MIX[t, i + 1]
+                        for j in T.unroll(VEC):
+                            acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[i + 1, j], "float32")))
                 for j in T.unroll(VEC):
                     ys[j] = T.cast(acc[j], "bfloat16")
                 for j in T.vectorized(VEC):
@@ -80,7 +81,8 @@ def _backward():
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
             gs = T.alloc_local((VEC,), "bfloat16")
-            xs = T.alloc_local((VEC,), "bfloat16")
+            xs = T.alloc_local((MAX_M, VEC), "bfloat16")
+            xg = T.alloc_local((MAX_M, VEC), "bfloat16")
             ys = T.alloc_local((VEC,), "bfloat16")
             part = T.alloc_local((MAX_M,), "float32")
             red = T.alloc_shared((WARPS, MAX_M), "float32")
@@ -91,19 +93,22 @@ def _backward():
                 if c < h:
                     for j in T.vectorized(VEC):
                         gs[j] = OG[t, c + j]
-                    for i in T.unroll(MAX_M):
+                    for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
                         if i < m:
                             for j in T.vectorized(VEC):
-                                xs[j] = X[t, i, c + j]
+                                xs[i, j] = X[t, i, c + j]
+                            if has_x_grad != 0:
+                                for j in T.vectorized(VEC):
+                                    xg[i, j] = XG[t, i, c + j]
+                    for i in T.unroll(MAX_M):
+                        if i < m:
                             for j in T.unroll(VEC):
-                                part[i] = part[i] + T.cast(gs[j], "float32") * T.cast(xs[j], "float32")
+                                part[i] = part[i] + T.cast(gs[j], "float32") * T.cast(xs[i, j], "float32")
                             if has_x_grad != 0:
                                 w = MIX[t, i]
-                                for j in T.vectorized(VEC):
-                                    ys[j] = XG[t, i, c + j]
                                 for j in T.unroll(VEC):
                                     ys[j] = T.cast(
-                                        T.ieee_add(T.cast(ys[j], "float32"), T.ieee_mul(w, T.cast(gs[j], "float32"))),
+                                        T.ieee_add(T.cast(xg[i, j], "float32"), T.ieee_mul(w, T.cast(gs[j], "float32"))),
                                         "bfloat16",
                                     )  # fmt: skip
                                 for j in T.vectorized(VEC):

@@ -3,15 +3,17 @@ fn (N, K) fp32 with N = m (m + 2) mixes, split over K, and its backward. Sizes a
 variant fixes the most mixes a tile holds (max_mult 4: 24, 8: 80).
 
 Forward: a CTA BM tokens x one split's K steps of BK columns, a manual ring of STAGES cp.async
-buffers (T.Pipelined needs a static trip count in TileLang 0.1.15; a split's is not), rows past
-the tokens and columns past K zero-filled. fn is cut into bf16 hi + lo parts (hi = bf16(f),
-lo = bf16(f - hi): 16 bits of mantissa, finer than the TF32 the original rounds to) and both go
-through bf16 wgmma with fp32 accumulators; the square sums of x are added per element from
-the staged tile and reduced at the end. OUT[s, t, n] = (x hi^T)[t, n] + (x lo^T)[t, n].
+buffers (T.Pipelined needs a static trip count in TileLang 0.1.15; a split's is not) copied
+straight into the wgmma's swizzled layout, rows past the tokens and columns past K zero-filled.
+fn is cut into bf16 hi + lo parts (hi = bf16(f), lo = bf16(f - hi): 16 bits of mantissa, finer
+than the TF32 the original rounds to), stacked as one 2N-row B tile, so one m64 n(2N) wgmma a
+k-step reads the x tile from shared memory once (N = 24 alone would be three n8 instructions);
+a thread a row adds its square sums from the same tile. OUT[s, t, n] = acc[t, n] + acc[t, N + n].
 
 Backward: CUDA cores (N is too narrow for tensor-core tiles to pay off here). A thread owns VEC
 columns of K, holds fn's N x VEC values and the fn gradient's N x VEC sums in registers and
-walks a CTA's share of the tokens, DOM's rows staged in shared memory TB tokens at a time:
+walks a CTA's share of the tokens TB at a time (their DOM rows staged in shared memory, their x
+and x-grad vectors loaded before any is used: one DRAM latency a batch, not one a token):
     xg[t, k] = (xg[t, k] +) sum_n dom[t, n] fn[n, k] + 2 dsq[t] x[t, k]    (n in order, fp32)
     P[p, n, k] = sum over the CTA's tokens, in order, of dom[t, n] x[t, k]
 P's rows are summed by norm_backward_reduce (a fixed order: two runs give the same bits).
@@ -19,10 +21,11 @@ P's rows are summed by norm_backward_reduce (a fixed order: two runs give the sa
 
 import tilelang.language as T
 
-from tilebake.mhc.mhc_pre_norm_gemm import BK, BM, MhcPreNormGemmVariant
+from tilebake.mhc.mhc_pre_norm_gemm import BK, MhcPreNormGemmVariant
 
 THREADS = 128
 STAGES = 3
+BM_WIDE, BM_NARROW = 128, 64  # tokens a forward CTA takes: m <= 4, m <= 8
 TB = 16  # tokens whose dom rows the backward stages at once
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
@@ -33,8 +36,10 @@ def build(v: MhcPreNormGemmVariant):
 
 
 def _forward(NP):
+    BM = BM_WIDE if NP <= 24 else BM_NARROW  # acc: BM x 2 NP fp32 over 128 threads
     XV = BM * BK // 8 // THREADS  # 16-byte vectors of the x tile a thread copies
     FV = -(-NP * BK // 4 // THREADS)  # and of the fn tile
+    ROWS, LANES = max(BM // THREADS, 1), max(THREADS // BM, 1)
     num_tokens = T.dynamic("num_tokens")
     num_cols = T.dynamic("num_cols")
     num_mixes = T.dynamic("num_mixes")
@@ -72,16 +77,16 @@ def _forward(NP):
             T.assume(num_cols % 8 == 0)
             xr = T.alloc_shared((STAGES, BM, BK), "bfloat16")
             fr = T.alloc_shared((STAGES, NP, BK), "float32")
-            xs = T.alloc_shared((BM, BK), "bfloat16")
-            bhi = T.alloc_shared((NP, BK), "bfloat16")
-            blo = T.alloc_shared((NP, BK), "bfloat16")
-            acc_hi = T.alloc_fragment((BM, NP), "float32")
-            acc_lo = T.alloc_fragment((BM, NP), "float32")
-            sq = T.alloc_fragment((BM, BK), "float32")
-            sq_row = T.alloc_fragment((BM,), "float32")
-            T.clear(acc_hi)
-            T.clear(acc_lo)
-            T.clear(sq)
+            b = T.alloc_shared((2 * NP, BK), "bfloat16")  # fn's hi parts, then its lo parts
+            acc = T.alloc_fragment((BM, 2 * NP), "float32")
+            # hi and lo products, summed per mix at the end (TileLang places it over the idle ring)
+            acc_s = T.alloc_shared((BM, 2 * NP), "float32")
+            sq = T.alloc_local((ROWS,), "float32")  # x's square sums: ROWS rows a thread, LANES threads a row
+            sq_s = T.alloc_shared((LANES, BM), "float32")
+            xl = T.alloc_local((8,), "bfloat16")
+            T.clear(acc)
+            for h in T.unroll(ROWS):
+                sq[h] = T.float32(0)
             t0 = bt * BM
             steps = T.ceildiv(num_cols, BK)
             per = T.ceildiv(steps, n_splits)  # this split: steps [s per, (s + 1) per) of num_cols
@@ -89,28 +94,43 @@ def _forward(NP):
             for st in T.unroll(STAGES - 1):
                 fetch(X, FN, xr, fr, st, t0, (s * per + st) * BK, st < n_steps, tx, num_tokens, num_cols, num_mixes)
             for i in T.serial(n_steps):
+                T.ptx_wait_group(STAGES - 2)  # step i's group has landed
+                # every thread is past step i - 1's gemm: its slot and b may be written again
+                T.sync_threads()
                 ahead = i + STAGES - 1
                 fetch(X, FN, xr, fr, ahead % STAGES, t0, (s * per + ahead) * BK, ahead < n_steps, tx, num_tokens, num_cols, num_mixes)
-                T.ptx_wait_group(STAGES - 1)  # step i's group has landed
-                T.sync_threads()
                 slot = i % STAGES
-                T.copy(xr[slot, :, :], xs)
                 for n, j in T.Parallel(NP, BK):
                     hi = T.cast(fr[slot, n, j], "bfloat16")
-                    bhi[n, j] = hi
-                    blo[n, j] = T.cast(fr[slot, n, j] - T.cast(hi, "float32"), "bfloat16")
-                for r, j in T.Parallel(BM, BK):
-                    sq[r, j] = sq[r, j] + T.cast(xr[slot, r, j], "float32") * T.cast(xr[slot, r, j], "float32")
+                    b[n, j] = hi
+                    b[NP + n, j] = T.cast(fr[slot, n, j] - T.cast(hi, "float32"), "bfloat16")
+                for h in T.unroll(ROWS):
+                    for c in T.unroll(BK // 8 // LANES):  # 16-byte reads: the swizzle spreads a warp's rows over the banks
+                        for j in T.vectorized(8):
+                            xl[j] = xr[slot, h * THREADS + tx % BM, (c * LANES + tx // BM) * 8 + j]
+                        for j in T.unroll(8):
+                            sq[h] = sq[h] + T.cast(xl[j], "float32") * T.cast(xl[j], "float32")
                 T.sync_threads()
-                T.gemm(xs, bhi, acc_hi, transpose_B=True)
-                T.gemm(xs, blo, acc_lo, transpose_B=True)
-            T.reduce_sum(sq, sq_row, dim=1)
+                T.gemm(xr[slot, :, :], b, acc, transpose_B=True)
+            T.ptx_wait_group(0)  # the ring's last (zero-filling) copies land before acc_s reuses it
+            T.sync_threads()
+            T.copy(acc, acc_s)
+            T.sync_threads()
             for r, n in T.Parallel(BM, NP):
                 if t0 + r < num_tokens and n < num_mixes:
-                    OUT[s, t0 + r, n] = acc_hi[r, n] + acc_lo[r, n]
-            for r in T.Parallel(BM):
-                if t0 + r < num_tokens:
-                    SQ[s, t0 + r] = sq_row[r]
+                    OUT[s, t0 + r, n] = acc_s[r, n] + acc_s[r, NP + n]
+            if LANES > 1:  # a row's lanes' sums, added in lane order
+                for h in T.unroll(ROWS):
+                    sq_s[tx // BM, h * THREADS + tx % BM] = sq[h]
+                T.sync_threads()
+                if tx < BM:
+                    for h in T.unroll(ROWS):
+                        for lane in T.unroll(1, LANES):
+                            sq[h] = sq[h] + sq_s[lane, h * THREADS + tx]
+            if tx < BM:
+                for h in T.unroll(ROWS):
+                    if t0 + h * THREADS + tx < num_tokens:
+                        SQ[s, t0 + h * THREADS + tx] = sq[h]
 
     return mhc_pre_norm_gemm_fwd_kernel
 
@@ -136,8 +156,9 @@ def _backward(NP, VEC):
             T.assume(num_cols % 8 == 0)
             fnr = T.alloc_local((NP, VEC), "float32")
             dfn = T.alloc_local((NP, VEC), "float32")
-            xs = T.alloc_local((VEC,), "bfloat16")
-            gs = T.alloc_local((VEC,), "bfloat16")
+            xs = T.alloc_local((TB, VEC), "bfloat16")
+            gs = T.alloc_local((TB, VEC), "bfloat16")
+            ys = T.alloc_local((VEC,), "bfloat16")
             g = T.alloc_local((VEC,), "float32")
             doms = T.alloc_shared((TB, NP + 1), "float32")  # a token's dom row, then 2 dsq
             col = (cb * THREADS + tx) * VEC
@@ -162,25 +183,28 @@ def _backward(NP, VEC):
                             T.float32(0),
                         )  # fmt: skip
                 T.sync_threads()
-                for r in T.serial(T.min(TB, count - b * TB)):
-                    t = lo + b * TB + r
-                    if inside:
+                # the batch's x (and x grad) vectors loaded before any use: one DRAM latency a batch
+                for r in T.unroll(TB):
+                    if inside and b * TB + r < count:
                         for j in T.vectorized(VEC):
-                            xs[j] = X[t, col + j]
+                            xs[r, j] = X[lo + b * TB + r, col + j]
                         if has_x_grad != 0:
                             for j in T.vectorized(VEC):
-                                gs[j] = XG[t, col + j]
+                                gs[r, j] = XG[lo + b * TB + r, col + j]
+                for r in T.unroll(TB):
+                    t = lo + b * TB + r
+                    if inside and b * TB + r < count:
                         for j in T.unroll(VEC):
                             g[j] = T.float32(0)
                         for n in T.unroll(NP):
                             for j in T.unroll(VEC):
                                 g[j] = g[j] + doms[r, n] * fnr[n, j]
-                                dfn[n, j] = dfn[n, j] + doms[r, n] * T.cast(xs[j], "float32")
+                                dfn[n, j] = dfn[n, j] + doms[r, n] * T.cast(xs[r, j], "float32")
                         for j in T.unroll(VEC):
-                            g[j] = g[j] + doms[r, NP] * T.cast(xs[j], "float32")
-                            gs[j] = T.if_then_else(has_x_grad != 0, T.cast(T.cast(gs[j], "float32") + g[j], "bfloat16"), T.cast(g[j], "bfloat16"))
+                            g[j] = g[j] + doms[r, NP] * T.cast(xs[r, j], "float32")
+                            ys[j] = T.if_then_else(has_x_grad != 0, T.cast(T.cast(gs[r, j], "float32") + g[j], "bfloat16"), T.cast(g[j], "bfloat16"))
                         for j in T.vectorized(VEC):
-                            XG[t, col + j] = gs[j]
+                            XG[t, col + j] = ys[j]
             if inside:
                 for n in T.unroll(NP):
                     if n < num_mixes:

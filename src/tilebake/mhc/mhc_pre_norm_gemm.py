@@ -22,12 +22,14 @@ from tilebake import config
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans_norm
 from tilebake.mhc._common import check_aligned, check_shape, check_streams
+from tilebake.quant.norm_backward import sum_partial_rows
 
 BM, BK = 64, 64  # the forward's tile: tokens x columns (a split is whole BK steps)
 MAX_MULTS = (4, 8)  # a variant's mixes: up to 24 (m <= 4) or 80 (m <= 8)
 MAX_MIXES = MAX_MULTS[-1] * (MAX_MULTS[-1] + 2)
-_BWD_CTAS_PER_SM = 4
+_BWD_CTAS_PER_SM = 2  # the backward CTAs an SM holds (its registers: about 190 a thread)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,7 @@ class MhcPreNormGemmVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPreNormGemmVariant)
+_PLANS = plan.cache()  # the forward's: by rank, n_splits and which outputs are given
 
 
 def _max_mult(num_mixes: int) -> int:
@@ -94,6 +97,16 @@ def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: in
     0] = sum of x_s[t]^2 over split s's columns (T: residual's leading dims flattened). fn is used
     as bf16 hi + lo parts (16 mantissa bits). Written into the given tensors, else allocated.
     """
+    key = ("fwd", residual.ndim, n_splits, n_splits.__class__, out_mul_splitted is None, sqrsum_splitted is None)
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[key]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            pass
+        else:
+            result = plan.run(call, residual, fn, out_mul_splitted, sqrsum_splitted)
+            if result is not NotImplemented:
+                return result
     n_splits = _check_splits(n_splits)
     num_tokens, num_cols, num_mixes = _check(residual, fn)
     shapes = ((n_splits, num_tokens, 1, num_mixes), (n_splits, num_tokens, 1))
@@ -117,12 +130,16 @@ def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: in
             sqrsum[s, :, 0] = xs.square().sum(-1)
         return out_mul, sqrsum
     check_aligned(residual=residual, fn=fn)
-    _KERNELS["fwd", _max_mult(num_mixes)](
+    kernel = _KERNELS["fwd", _max_mult(num_mixes)]
+    kernel(
         residual.get_device(), residual.data_ptr(), fn.data_ptr(), out_mul.data_ptr(), sqrsum.data_ptr(),
         num_tokens, num_cols, num_mixes, n_splits,
     )  # fmt: skip
-    plan.bump(out_mul)
-    plan.bump(sqrsum)
+    for t, given in ((out_mul, out_mul_splitted), (sqrsum, sqrsum_splitted)):
+        if given is not None:
+            plan.bump(t)
+    plan.remember(_PLANS, key, _plans_norm.pre_norm_gemm_fwd, kernel, residual.get_device(), residual.ndim - 2,
+                  n_splits, key[4] is False, key[5] is False)  # fmt: skip
     return out_mul, sqrsum
 
 
@@ -175,10 +192,7 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
         residual.get_device(), residual.data_ptr(), fn.data_ptr(), out_mul_grad.data_ptr(), sqrsum_grad.data_ptr(),
         residual_grad.data_ptr(), partials.data_ptr(), num_tokens, num_cols, num_mixes, num_parts, int(given),
     )  # fmt: skip
-    from tilebake.quant.norm_backward import _REDUCE_KERNELS
-
-    _REDUCE_KERNELS["fp32",](residual.get_device(), partials.data_ptr(), fn_grad.data_ptr(), num_parts,
-                             num_mixes * num_cols, 0)  # fmt: skip
+    sum_partial_rows(partials.view(num_parts, -1), fn_grad.view(-1))
     if given:
         plan.bump(residual_grad)
     plan.bump(fn_grad)
@@ -186,10 +200,11 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
 
 
 def _num_parts(num_tokens: int, num_cols: int, num_mixes: int) -> int:
-    """The backward's token shares: enough CTAs for every SM (set_num_sms respected), each at
-    least 16 tokens."""
+    """The backward's token shares: the count whose CTAs fill the SMs' resident slots in the
+    fewest, fullest waves (set_num_sms respected), each share at least 16 tokens."""
     vec = 2 if num_mixes <= MAX_MULTS[0] * (MAX_MULTS[0] + 2) else 1
     col_blocks = -(-num_cols // (128 * vec))
-    want = -(-_BWD_CTAS_PER_SM * config.get_num_sms() // col_blocks)
-    return max(1, min(want, -(-num_tokens // 16)))
-
+    slots = _BWD_CTAS_PER_SM * config.get_num_sms()
+    most = max(1, min(4 * -(-slots // col_blocks), -(-num_tokens // 16)))
+    # a CTA's time is proportional to its share, num_tokens / parts; the kernel's to waves / parts
+    return min(range(1, most + 1), key=lambda parts: (-(-col_blocks * parts // slots) / parts, parts))

@@ -18,6 +18,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
+from tilebake.mhc import _plans_norm
 from tilebake.mhc._common import check_shape, check_streams
 
 
@@ -40,6 +41,14 @@ class MhcReducePartialsAndRmsnormVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcReducePartialsAndRmsnormVariant)
+_PLANS = plan.cache()  # by direction, which outputs are given, rms_group_size, rms_eps (and n_splits)
+
+
+def _cached(key, first):
+    try:
+        return _PLANS[key] if first.is_cuda else None
+    except (KeyError, AttributeError, TypeError):
+        return None
 
 
 def _check_group(rms_group_size, rms_eps) -> tuple[int, float]:
@@ -69,6 +78,14 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted, sqrsum_splitted, out_m
     sqrsum_splitted (S, T, 1) added over S in order, out = out_mul * rsqrt(sqrsum / rms_group_size
     + rms_eps). rms_group_size (required): the columns a token's square sum covers (m * hidden).
     n_splits, if given, must be S. Written into the given tensors, else new ones."""
+    key = ("fwd", out_mul is None, sqrsum is None, out is None, rms_group_size, rms_group_size.__class__, rms_eps,
+           rms_eps.__class__, n_splits, n_splits.__class__)  # fmt: skip
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        call = _cached(key, out_mul_splitted)
+        if call is not None:
+            result = plan.run(call, out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out)
+            if result is not NotImplemented:
+                return result
     check_streams(out_mul_splitted, "out_mul_splitted", torch.float32, 4)
     splits, num_tokens, groups, num_mixes = out_mul_splitted.shape
     if groups != 1 or out_mul_splitted.dim() != 4:
@@ -96,11 +113,15 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted, sqrsum_splitted, out_m
         return out_mul, sqrsum, out
     if out_mul_splitted.numel() >= 2**31:
         raise ValueError("out_mul_splitted must have fewer than 2^31 elements")
-    _KERNELS["fwd",](out_mul_splitted.get_device(), out_mul_splitted.data_ptr(), sqrsum_splitted.data_ptr(),
-                     out_mul.data_ptr(), sqrsum.data_ptr(), out.data_ptr(), num_tokens, num_mixes, splits,
-                     rms_group_size, rms_eps)  # fmt: skip
-    for t in (out_mul, sqrsum, out):
-        plan.bump(t)
+    kernel = _KERNELS["fwd",]
+    kernel(out_mul_splitted.get_device(), out_mul_splitted.data_ptr(), sqrsum_splitted.data_ptr(), out_mul.data_ptr(),
+           sqrsum.data_ptr(), out.data_ptr(), num_tokens, num_mixes, splits, rms_group_size, rms_eps)  # fmt: skip
+    given = (key[1] is False, key[2] is False, key[3] is False)
+    for t, g in zip((out_mul, sqrsum, out), given):
+        if g:
+            plan.bump(t)
+    plan.remember(_PLANS, key, _plans_norm.reduce_partials_fwd, kernel, out_mul_splitted.get_device(), given,
+                  rms_group_size, rms_eps, n_splits)  # fmt: skip
     return out_mul, sqrsum, out
 
 
@@ -109,6 +130,14 @@ def mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad=
     """(out_mul_grad (T, 1, N), sqrsum_grad (T, 1)), fp32, from out_grad (T, N) through
     out = out_mul * r, r = rsqrt(sqrsum / rms_group_size + eps): out_mul_grad = out_grad * r,
     sqrsum_grad = -(sum over n in order of out_grad * out_mul) r^3 / (2 rms_group_size)."""
+    key = ("bwd", out_mul_grad is None, sqrsum_grad is None, rms_group_size, rms_group_size.__class__, rms_eps,
+           rms_eps.__class__)  # fmt: skip
+    if not torch.compiler.is_compiling():
+        call = _cached(key, out_mul)
+        if call is not None:
+            result = plan.run(call, out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad)
+            if result is not NotImplemented:
+                return result
     check_streams(out_mul, "out_mul", torch.float32, 3)
     num_tokens, groups, num_mixes = out_mul.shape if out_mul.dim() == 3 else (None, None, None)
     if groups != 1:
@@ -130,9 +159,13 @@ def mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad=
         out_mul_grad.copy_((out_grad * r).unsqueeze(1))
         sqrsum_grad.copy_(-(dot * (r * r * r / (2 * rms_group_size))))
         return out_mul_grad, sqrsum_grad
-    _KERNELS["bwd",](out_mul.get_device(), out_grad.data_ptr(), out_mul.data_ptr(), sqrsum.data_ptr(),
-                     out_mul_grad.data_ptr(), sqrsum_grad.data_ptr(), num_tokens, num_mixes, rms_group_size,
-                     rms_eps)  # fmt: skip
-    plan.bump(out_mul_grad)
-    plan.bump(sqrsum_grad)
+    kernel = _KERNELS["bwd",]
+    kernel(out_mul.get_device(), out_grad.data_ptr(), out_mul.data_ptr(), sqrsum.data_ptr(), out_mul_grad.data_ptr(),
+           sqrsum_grad.data_ptr(), num_tokens, num_mixes, rms_group_size, rms_eps)  # fmt: skip
+    given = (key[1] is False, key[2] is False)
+    for t, g in zip((out_mul_grad, sqrsum_grad), given):
+        if g:
+            plan.bump(t)
+    plan.remember(_PLANS, key, _plans_norm.reduce_partials_bwd, kernel, out_mul.get_device(), given, rms_group_size,
+                  rms_eps)  # fmt: skip
     return out_mul_grad, sqrsum_grad

@@ -206,6 +206,14 @@ def _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale: floa
     return x_grad, dw
 
 
+def sum_partial_rows(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """out (C,) fp32 = the sum of the rows of partials (P, C) fp32, in row order (two runs give the
+    same bits): the reduction of per-CTA partial weight gradients, shared with the mhc
+    projection's backward. Contiguous CUDA tensors; the caller checks the shapes."""
+    _REDUCE_KERNELS["fp32",](partials.get_device(), partials.data_ptr(), out.data_ptr(), partials.shape[0],
+                             out.numel(), 0)  # fmt: skip
+
+
 def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
     """fp32 dw added into the caller's buffer (in fp32, rounded once), or returned in weight's dtype."""
     if dw is None:

@@ -1,0 +1,82 @@
+"""Call plans of the pre-norm projection's forward ops (mhc_pre_norm_gemm_fwd and
+mhc_reduce_partials_and_rmsnorm_fwd / _bwd): tilebake.mhc._plans' conventions (a plan takes one
+rank of the leading dims; anything it does not describe sends the call to the Python path, which
+raises the typed errors). Scalars (n_splits, rms_group_size, rms_eps) are in the key, so baked in.
+The projection's backward keeps the Python path: its partial-row count depends on the token count."""
+
+from __future__ import annotations
+
+import torch
+
+from tilebake._runtime import plan
+from tilebake.mhc._plans import _lead, dense
+
+BF16, FP32 = torch.bfloat16, torch.float32
+_INT_LIMIT = 2147483648
+
+
+def _out(b: plan.Builder, arg: int, given: bool, dims: list):
+    return dense(b, arg, FP32, dims) if given else b.alloc(FP32, dims)
+
+
+def pre_norm_gemm_fwd(kernel, device, num_lead, n_splits, given_mul, given_sq):
+    """run(residual (..., M, H), fn (N, M * H), out_mul_splitted or None, sqrsum_splitted or None)
+    -> (out_mul_splitted (S, T, 1, N), sqrsum_splitted (S, T, 1))."""
+    b = plan.Builder()
+    lead = _lead(num_lead)
+    x = dense(b, 0, BF16, lead + ["M", "H"])
+    b.let("T", " * ".join(lead) or 1)
+    b.let("K", "M * H")
+    fn = b.tensor(1, FP32, ("N", "K"), strides=("K", 1), align=16)  # 16-byte cp.async rows
+    max_mixes = kernel.variant.max_mult * (kernel.variant.max_mult + 2)
+    b.check(f"T >= 1 and K >= 8 and K % 8 == 0 and N >= 1 and N <= {max_mixes} and T * K < {_INT_LIMIT} "
+            f"and N * K < {_INT_LIMIT} and T * N * {n_splits} < {_INT_LIMIT}")  # fmt: skip
+    out_mul = _out(b, 2, given_mul, [n_splits, "T", 1, "N"])
+    sqrsum = _out(b, 3, given_sq, [n_splits, "T", 1])
+    b.launch(kernel, device, X=x, FN=fn, OUT=out_mul, SQ=sqrsum, num_tokens="T", num_cols="K", num_mixes="N",
+             n_splits=n_splits)  # fmt: skip
+    for t, given in ((out_mul, given_mul), (sqrsum, given_sq)):
+        if given:
+            b.bump(t)
+    b.returns((out_mul, sqrsum))
+    return b.build()
+
+
+def reduce_partials_fwd(kernel, device, given, rms_group_size, rms_eps, n_splits):
+    """run(out_mul_splitted (S, T, 1, N), sqrsum_splitted (S, T, 1), out_mul, sqrsum, out (each or
+    None)) -> (out_mul (T, 1, N), sqrsum (T, 1), out (T, N)); given: which of the three are."""
+    b = plan.Builder()
+    pm = dense(b, 0, FP32, ["S", "T", 1, "N"])
+    ps = dense(b, 1, FP32, ["S", "T", 1])
+    b.check(f"S >= 1 and T >= 1 and N >= 1 and S * T * N < {_INT_LIMIT}")
+    if n_splits is not None:  # the caller's n_splits must be the partials' count
+        b.check(f"S == {n_splits}")
+    om = _out(b, 2, given[0], ["T", 1, "N"])
+    sq = _out(b, 3, given[1], ["T", 1])
+    out = _out(b, 4, given[2], ["T", "N"])
+    b.launch(kernel, device, PM=pm, PS=ps, OM=om, OS=sq, OUT=out, num_tokens="T", num_mixes="N", n_splits="S",
+             rms_group_size=rms_group_size, rms_eps=rms_eps)  # fmt: skip
+    for t, g in zip((om, sq, out), given):
+        if g:
+            b.bump(t)
+    b.returns((om, sq, out))
+    return b.build()
+
+
+def reduce_partials_bwd(kernel, device, given, rms_group_size, rms_eps):
+    """run(out_grad (T, N), out_mul (T, 1, N), sqrsum (T, 1), out_mul_grad, sqrsum_grad (each or
+    None)) -> (out_mul_grad (T, 1, N), sqrsum_grad (T, 1))."""
+    b = plan.Builder()
+    og = dense(b, 0, FP32, ["T", "N"])
+    om = dense(b, 1, FP32, ["T", 1, "N"])
+    sq = dense(b, 2, FP32, ["T", 1])
+    b.check(f"T >= 1 and N >= 1 and T * N < {_INT_LIMIT}")
+    omg = _out(b, 3, given[0], ["T", 1, "N"])
+    sqg = _out(b, 4, given[1], ["T", 1])
+    b.launch(kernel, device, OG=og, OM=om, OS=sq, OMG=omg, OSG=sqg, num_tokens="T", num_mixes="N",
+             rms_group_size=rms_group_size, rms_eps=rms_eps)  # fmt: skip
+    for t, g in zip((omg, sqg), given):
+        if g:
+            b.bump(t)
+    b.returns((omg, sqg))
+    return b.build()

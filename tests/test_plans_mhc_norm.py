@@ -1,0 +1,69 @@
+"""Call plans of the pre-norm projection's forward ops (tilebake.mhc._plans_norm), traced on the
+CPU (tests/plan_helpers.py: every step but the launch): the kernel arguments the Python path
+passes, the returned tensors' layouts, and NotImplemented (the Python path) for what a plan does
+not take."""
+
+import importlib
+
+import pytest
+import torch
+
+from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
+from tilebake.mhc import _plans_norm
+
+pytestmark = needs_plans
+
+gemm = importlib.import_module("tilebake.mhc.mhc_pre_norm_gemm")
+reduce = importlib.import_module("tilebake.mhc.mhc_reduce_partials_and_rmsnorm")
+LEAD = (2, 3)  # two leading dims: 6 tokens
+M, H, N = 4, 136, 24
+
+
+def built(variant) -> ManifestKernel:
+    from tilebake._runtime import loader
+
+    if variant.id not in loader.op_kernels(variant.op):
+        pytest.skip(f"{variant.id} is not in the installed kernel package")
+    return ManifestKernel(variant)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_pre_norm_gemm_fwd_plan(given):
+    kernel = built(gemm.MhcPreNormGemmVariant("fwd", 4))
+    residual, fn = torch.randn(*LEAD, M, H).bfloat16(), torch.randn(N, M * H)
+    outs = (torch.empty(5, 6, 1, N), torch.empty(5, 6, 1)) if given else (None, None)
+    p = _plans_norm.pre_norm_gemm_fwd(kernel, 0, 2, 5, given, given)
+    (out_mul, sqrsum), launches = trace(p, residual, fn, *outs)
+    if given:
+        assert out_mul is outs[0] and sqrsum is outs[1]
+    assert [(t.shape, t.dtype) for t in (out_mul, sqrsum)] == [((5, 6, 1, N), torch.float32), ((5, 6, 1), torch.float32)]
+    assert [launch[0] for launch in launches] == [0]
+    assert params_of(kernel, launches[0]) == dict(X=residual.data_ptr(), FN=fn.data_ptr(), OUT=out_mul.data_ptr(),
+                                                  SQ=sqrsum.data_ptr(), num_tokens=6, num_cols=M * H, num_mixes=N,
+                                                  n_splits=5)  # fmt: skip
+    misaligned = torch.randn(N * M * H + 1)[1:].view(N, M * H)  # the kernel copies fn rows 16 bytes at a time
+    for bad in [(residual, fn[:, :-8].contiguous()), (residual, torch.randn(25, M * H)), (residual.float(), fn),
+                (residual, misaligned), (torch.randn(*LEAD, M, 132).bfloat16()[..., :130], fn[:, : M * 130])]:  # fmt: skip
+        assert trace(p, *bad, *outs)[0] is NotImplemented
+    if given:
+        assert trace(p, residual, fn, torch.empty(4, 6, 1, N), outs[1])[0] is NotImplemented  # another n_splits
+
+
+def test_reduce_partials_plans():
+    fwd, bwd = (built(reduce.MhcReducePartialsAndRmsnormVariant(d)) for d in ("fwd", "bwd"))
+    pm, ps = torch.randn(3, 6, 1, N), torch.rand(3, 6, 1)
+    p = _plans_norm.reduce_partials_fwd(fwd, 0, (False, True, False), M * H, 1e-6, 3)
+    sq = torch.empty(6, 1)
+    (om, sq_out, out), launches = trace(p, pm, ps, None, sq, None)
+    assert sq_out is sq and (om.shape, out.shape) == ((6, 1, N), (6, N))
+    got = params_of(fwd, launches[0])
+    assert (got["num_tokens"], got["num_mixes"], got["n_splits"], got["rms_group_size"]) == (6, N, 3, M * H)
+    assert got["rms_eps"] == pytest.approx(1e-6) and got["OUT"] == out.data_ptr()
+    assert trace(p, torch.randn(2, 6, 1, N), torch.rand(2, 6, 1), None, sq, None)[0] is NotImplemented  # n_splits 3
+    og = torch.randn(6, N)
+    pb = _plans_norm.reduce_partials_bwd(bwd, 0, (False, False), M * H, 1e-6)
+    (omg, sqg), launches = trace(pb, og, om, sq, None, None)
+    assert (omg.shape, sqg.shape) == ((6, 1, N), (6, 1))
+    got = params_of(bwd, launches[0])
+    assert (got["OMG"], got["OSG"], got["num_tokens"]) == (omg.data_ptr(), sqg.data_ptr(), 6)
+    assert trace(pb, og[:, :8].contiguous(), om, sq, None, None)[0] is NotImplemented
