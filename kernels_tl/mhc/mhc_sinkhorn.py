@@ -1,15 +1,21 @@
-"""mhc_sinkhorn, as TileLang factories (build time only): a thread a token (64 a CTA), its
-(m, m) matrix in registers (arrays of max_mult^2, the entries past m skipped); m, repeat and eps
-at run time.
+"""mhc_sinkhorn, as TileLang factories (build time only): a thread a matrix element, each token a
+slot of max_mult^2 threads (element (i, j) at i * max_mult + j), 64 threads a CTA (4 tokens at
+max_mult 4, 1 at 8); m, repeat and eps at run time. Threads past m or past the tokens compute on
+zeros and store nothing, but take part in every exchange.
+
+A sum over a row or a column gathers its m values from the threads holding them: a row lies in
+one warp (shuffles), and so does a column at max_mult 4; at 8 a column spans the CTA's two warps
+(a shared buffer and a barrier, the buffer alternating so that one barrier an exchange is enough).
+Every thread of a row (column) sums the same values in the same order: no broadcast is needed.
 
 Arithmetic (tilebake.torch.mhc.sinkhorn_ordered_ref's, bit for bit but the exponential): row max,
 e = exp(x - max), p = e / (row sum) + eps; then per step x / (sum + eps), sums in index order,
 every sum, product and quotient rounded on its own (T.ieee_*: no fused multiply-adds).
-Backward (sinkhorn_bwd_ordered_ref): the forward recomputed from x, keeping the input of each
-normalisation in a per-thread local array of SLOTS matrices (local memory: 2 * repeat - 1 of
-them; past SLOTS, one checkpoint per segment of ceil((2 repeat - 1) / SLOTS) steps, the rest
-recomputed from it); then in reverse g = (g - sum(g * y)) / d for y = x / d, and the softmax's
-p * (g - sum(g * p)).
+Backward (sinkhorn_bwd_ordered_ref): the forward recomputed from x, each thread keeping its
+element of the input of each normalisation and its divisor in shared memory (SLOTS steps; past
+them, i.e. repeat > 12, one input per segment of ceil((2 repeat - 1) / SLOTS) steps, the rest
+recomputed from it); then in reverse g = (g - sum(g * y)) / d for y = x / d (the step's output),
+and the softmax's p * (g - sum(g * p)).
 """
 
 import tilelang.language as T
@@ -17,6 +23,8 @@ import tilelang.language as T
 from tilebake.mhc.mhc_sinkhorn import SLOTS, MhcSinkhornVariant
 
 THREADS = 64
+# Barriers by hand: the exchange buffer's are below; the saved steps are each thread's own.
+PASS_CONFIGS = {"tl.disable_thread_storage_sync": True}
 
 
 def build(v: MhcSinkhornVariant):
@@ -27,63 +35,65 @@ def _kernel(MM: int, backward: bool):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     NN = MM * MM
+    TOKENS = THREADS // NN  # a CTA's
+    SPLIT = NN > 32  # a column spans warps: exchanged through shared memory
 
     @T.macro
-    def softmax(X, t, eps, a, p, d):
-        """p = the rows' softmax of X[t]; a = p + eps."""
-        for i in T.unroll(MM):
-            if i < m:
-                for j in T.unroll(MM):
-                    if j < m:
-                        a[i * MM + j] = X[t, i, j]
-                d[i] = a[i * MM]
-                for j in T.unroll(MM - 1):
-                    if j + 1 < m:
-                        d[i] = T.max(d[i], a[i * MM + j + 1])
-                for j in T.unroll(MM):
-                    if j < m:
-                        a[i * MM + j] = T.exp(T.ieee_sub(a[i * MM + j], d[i]))
-                d[i] = a[i * MM]
-                for j in T.unroll(MM - 1):
-                    if j + 1 < m:
-                        d[i] = T.ieee_add(d[i], a[i * MM + j + 1])
-                for j in T.unroll(MM):
-                    if j < m:
-                        p[i * MM + j] = T.ieee_fdiv(a[i * MM + j], d[i])
-                        a[i * MM + j] = T.ieee_add(p[i * MM + j], eps)
-
-    @T.macro
-    def sums(a, s, eps, d):
-        """d = the column (s even) or row (s odd) sums of a, + eps, in index order."""
-        for k in T.unroll(MM):
-            if k < m:
-                if s % 2 == 0:
-                    d[k] = a[k]
-                    for i in T.unroll(MM - 1):
-                        if i + 1 < m:
-                            d[k] = T.ieee_add(d[k], a[(i + 1) * MM + k])
-                else:
-                    d[k] = a[k * MM]
-                    for j in T.unroll(MM - 1):
-                        if j + 1 < m:
-                            d[k] = T.ieee_add(d[k], a[k * MM + j + 1])
-                d[k] = T.ieee_add(d[k], eps)
-
-    @T.macro
-    def normalise(a, s, eps, d):
-        """Normalisation step s of a (in place): columns for even s, rows for odd."""
-        sums(a, s, eps, d)
-        # two loops, not one indexing d by the parity: a runtime index would put d in local memory
-        if s % 2 == 0:
-            for i in T.unroll(MM):
-                for j in T.unroll(MM):
-                    if i < m and j < m:
-                        a[i * MM + j] = T.ieee_fdiv(a[i * MM + j], d[j])
+    def peer(v, k, col, tx, xbuf, par):
+        """The v of the token's element (k, j) (col) or (i, k), this thread's being (i, j)."""
+        if col and SPLIT:
+            return xbuf[par, tx - (tx % NN) // MM * MM + k * MM]
+        elif col:
+            return T.shfl_sync(v, tx % 32 - (tx % NN) // MM * MM + k * MM)
         else:
-            for i in T.unroll(MM):
-                for j in T.unroll(MM):
-                    if i < m and j < m:
-                        a[i * MM + j] = T.ieee_fdiv(a[i * MM + j], d[i])
+            return T.shfl_sync(v, tx % 32 - tx % MM + k)
+
+    @T.macro
+    def fold(v, col, op, tx, xbuf, par: T.Ref):
+        """v_0 op v_1 op ... op v_(m-1) in index order over the column (col) or row of this
+        thread's element; op "add", "max" or "add0" (the sum from 0.0)."""
+        if col and SPLIT:
+            par = 1 - par
+            xbuf[par, tx] = v
+            T.sync_threads()
+        # every value fetched first (those past m too: still in the token's slot), so that the
+        # shuffles or loads are all in flight before the sum
+        w = T.alloc_local((MM,), "float32")
+        for k in T.unroll(MM):
+            w[k] = peer(v, k, col, tx, xbuf, par)
+        acc = T.alloc_var("float32")
+        acc = w[0]
+        if op == "add0":
+            acc = T.ieee_add(T.float32(0), acc)
+        for k in T.unroll(MM - 1):
+            if k + 1 < m:
+                if op == "max":
+                    acc = T.max(acc, w[k + 1])
+                else:
+                    acc = T.ieee_add(acc, w[k + 1])
+        return acc
+
+    @T.macro
+    def divisor(v, s, eps, tx, xbuf, par: T.Ref):
+        """The divisor of step s at this thread's element: its column (s even) or row sum + eps."""
+        d = T.alloc_var("float32")
+        if s % 2 == 0:
+            d = fold(v, True, "add", tx, xbuf, par)
+        else:
+            d = fold(v, False, "add", tx, xbuf, par)
+        return T.ieee_add(d, eps)
+
+    @T.macro
+    def softmax(X, t, i, j, eps, a: T.Ref, p: T.Ref, tx, xbuf, par: T.Ref):
+        """p = this element of the rows' softmax of X[t] (0 past the matrix); a = p + eps."""
+        x = T.alloc_var("float32")
+        x = T.float32(0)
+        if t < n and i < m and j < m:
+            x = X[t, i, j]
+        e = T.alloc_var("float32")
+        e = T.exp(T.ieee_sub(x, fold(x, False, "max", tx, xbuf, par)))
+        p = T.ieee_fdiv(e, fold(e, False, "add", tx, xbuf, par))
+        a = T.ieee_add(p, eps)
 
     if not backward:
 
@@ -94,20 +104,21 @@ def _kernel(MM: int, backward: bool):
             repeat: T.int32,
             eps: T.float32,
         ):
-            with T.Kernel(T.ceildiv(n, THREADS), threads=THREADS) as b:
+            with T.Kernel(T.ceildiv(n, TOKENS), threads=THREADS) as b:
                 tx = T.get_thread_binding(0)
-                a = T.alloc_local((NN,), "float32")
-                p = T.alloc_local((NN,), "float32")
-                d = T.alloc_local((MM,), "float32")
-                t = b * THREADS + tx
-                if t < n:
-                    softmax(X, t, eps, a, p, d)
-                    for s in T.serial(2 * repeat - 1):
-                        normalise(a, s, eps, d)
-                    for i in T.unroll(MM):
-                        for j in T.unroll(MM):
-                            if i < m and j < m:
-                                OUT[t, i, j] = a[i * MM + j]
+                xbuf = T.alloc_shared((2, THREADS if SPLIT else 1), "float32")
+                par = T.alloc_var("int32")
+                a = T.alloc_var("float32")
+                p = T.alloc_var("float32")
+                par = 0
+                t = b * TOKENS + tx // NN
+                i = (tx % NN) // MM
+                j = tx % MM
+                softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
+                for s in T.serial(2 * repeat - 1):
+                    a = T.ieee_fdiv(a, divisor(a, s, eps, tx, xbuf, par))
+                if t < n and i < m and j < m:
+                    OUT[t, i, j] = a
 
         return mhc_sinkhorn_fwd_kernel
 
@@ -119,66 +130,73 @@ def _kernel(MM: int, backward: bool):
         repeat: T.int32,
         eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(n, THREADS), threads=THREADS) as b:
+        with T.Kernel(T.ceildiv(n, TOKENS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
-            a = T.alloc_local((NN,), "float32")
-            p = T.alloc_local((NN,), "float32")
-            g = T.alloc_local((NN,), "float32")
-            d = T.alloc_local((MM,), "float32")
-            r = T.alloc_local((MM,), "float32")
-            saved = T.alloc_local((SLOTS * NN,), "float32")
-            t = b * THREADS + tx
+            xbuf = T.alloc_shared((2, THREADS if SPLIT else 1), "float32")
+            inputs = T.alloc_shared((SLOTS, THREADS), "float32")  # step k * seg's input at k
+            divisors = T.alloc_shared((SLOTS, THREADS), "float32")  # and its divisor (read at seg 1)
+            par = T.alloc_var("int32")
+            a = T.alloc_var("float32")
+            p = T.alloc_var("float32")
+            d = T.alloc_var("float32")
+            y = T.alloc_var("float32")
+            g = T.alloc_var("float32")
+            c = T.alloc_var("float32")
+            par = 0
+            t = b * TOKENS + tx // NN
+            i = (tx % NN) // MM
+            j = tx % MM
             steps = 2 * repeat - 1
-            seg = T.ceildiv(steps, SLOTS)  # steps a checkpoint covers: 1 up to repeat = 12
-            if t < n:
-                softmax(X, t, eps, a, p, d)
-                for s in T.serial(steps):
-                    if s % seg == 0:
-                        for e in T.unroll(NN):
-                            saved[(s // seg) * NN + e] = a[e]
-                    normalise(a, s, eps, d)
-                for i in T.unroll(MM):
-                    for j in T.unroll(MM):
-                        g[i * MM + j] = T.float32(0)
-                        if i < m and j < m:
-                            g[i * MM + j] = G[t, i, j]
-                for q in T.serial(steps):
-                    s = steps - 1 - q
-                    # a = the input of step s: its segment's checkpoint, advanced to s
-                    for e in T.unroll(NN):
-                        a[e] = saved[(s // seg) * NN + e]
-                    for u in T.serial(s % seg):
-                        normalise(a, s - s % seg + u, eps, d)
-                    sums(a, s, eps, d)
-                    # r = sum over the step's axis of g * y, y = a / d
-                    for k in T.unroll(MM):
-                        r[k] = T.float32(0)
-                    for i in T.unroll(MM):
-                        for j in T.unroll(MM):
-                            if i < m and j < m:
-                                if s % 2 == 0:
-                                    r[j] = T.ieee_add(r[j], T.ieee_mul(g[i * MM + j], T.ieee_fdiv(a[i * MM + j], d[j])))
-                                else:
-                                    r[i] = T.ieee_add(r[i], T.ieee_mul(g[i * MM + j], T.ieee_fdiv(a[i * MM + j], d[i])))
-                    if s % 2 == 0:
-                        for i in T.unroll(MM):
-                            for j in T.unroll(MM):
-                                if i < m and j < m:
-                                    g[i * MM + j] = T.ieee_fdiv(T.ieee_sub(g[i * MM + j], r[j]), d[j])
-                    else:
-                        for i in T.unroll(MM):
-                            for j in T.unroll(MM):
-                                if i < m and j < m:
-                                    g[i * MM + j] = T.ieee_fdiv(T.ieee_sub(g[i * MM + j], r[i]), d[i])
-                # the softmax: p * (g - sum over the row of g * p)
-                for i in T.unroll(MM):
-                    if i < m:
-                        r[i] = T.float32(0)
-                        for j in T.unroll(MM):
-                            if j < m:
-                                r[i] = T.ieee_add(r[i], T.ieee_mul(g[i * MM + j], p[i * MM + j]))
-                        for j in T.unroll(MM):
-                            if j < m:
-                                GI[t, i, j] = T.ieee_mul(p[i * MM + j], T.ieee_sub(g[i * MM + j], r[i]))
+            seg = T.alloc_var("int32")  # steps a stored input covers: 1 up to repeat = 12
+            seg = T.ceildiv(steps, SLOTS)
+            # step s = k * seg + r: counters, no division a step
+            k = T.alloc_var("int32")
+            r = T.alloc_var("int32")
+            k = 0
+            r = 0
+            g = T.float32(0)
+            if t < n and i < m and j < m:
+                g = G[t, i, j]  # loaded first: its latency hidden by the forward
+            softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
+            for s in T.serial(steps):
+                d = divisor(a, s, eps, tx, xbuf, par)
+                if r == 0:
+                    inputs[k, tx] = a
+                    divisors[k, tx] = d
+                r = r + 1
+                if r == seg:
+                    k = k + 1
+                    r = 0
+                a = T.ieee_fdiv(a, d)
+            y = a  # the output of the last step
+            k = (steps - 1) // seg
+            r = (steps - 1) % seg
+            for q in T.serial(steps):
+                s = steps - 1 - q
+                # (y, d) = the output and divisor of step s: stored (seg 1: k = s), or recomputed
+                # from its segment's input (seg is the same in every thread: so is the branch)
+                if seg == 1:
+                    d = divisors[k, tx]
+                    c = inputs[k, tx]  # step s's input: step s - 1's output (loaded early)
+                else:
+                    c = inputs[k, tx]
+                    for u in T.serial(r):
+                        c = T.ieee_fdiv(c, divisor(c, s - r + u, eps, tx, xbuf, par))
+                    d = divisor(c, s, eps, tx, xbuf, par)
+                    y = T.ieee_fdiv(c, d)
+                if s % 2 == 0:
+                    g = T.ieee_fdiv(T.ieee_sub(g, fold(T.ieee_mul(g, y), True, "add0", tx, xbuf, par)), d)
+                else:
+                    g = T.ieee_fdiv(T.ieee_sub(g, fold(T.ieee_mul(g, y), False, "add0", tx, xbuf, par)), d)
+                if seg == 1:
+                    y = c
+                if r == 0:
+                    k = k - 1
+                    r = seg
+                r = r - 1
+            # the softmax: p * (g - sum over the row of g * p)
+            g = T.ieee_mul(p, T.ieee_sub(g, fold(T.ieee_mul(g, p), False, "add0", tx, xbuf, par)))
+            if t < n and i < m and j < m:
+                GI[t, i, j] = g
 
     return mhc_sinkhorn_bwd_kernel

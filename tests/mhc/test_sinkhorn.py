@@ -11,9 +11,11 @@ from tests.helpers import assert_bytes_equal, poison_
 from tilebake.torch.mhc import sinkhorn_bwd_ordered_ref, sinkhorn_normalize_ref, sinkhorn_ordered_ref
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-# (leading dims, m, repeat, eps): repeat 13 and 30 pass the backward's 24 stored steps (recomputed)
+# (leading dims, m, repeat, eps): repeat 13, 20 and 30 pass the backward's 24 stored steps
+# (recomputed); token counts that leave a CTA's last slots empty (4 tokens a CTA at m <= 4)
 SHAPES = [((1,), 4, 10, 1e-6), ((8001,), 4, 10, 1e-6), ((2, 517), 3, 1, 1e-6), ((65,), 8, 13, 1e-6),
-          ((7,), 1, 10, 1e-6), ((33,), 2, 30, 0.0), ((1, 1), 5, 2, 1e-3)]  # fmt: skip
+          ((7,), 1, 10, 1e-6), ((33,), 2, 30, 0.0), ((1, 1), 5, 2, 1e-3), ((9,), 4, 20, 1e-6),
+          ((3,), 6, 20, 1e-6), ((5,), 7, 1, 1e-6)]  # fmt: skip
 TOL = dict(rtol=1e-5, atol=1e-6)  # the original's (tests/mhc/test_sinkhorn.py)
 
 

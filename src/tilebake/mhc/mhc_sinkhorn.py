@@ -1,9 +1,9 @@
 """mhc_sinkhorn_fwd / _bwd: each token's (m, m) comb matrix made near doubly stochastic (a row
 softmax plus eps, then alternating column and row normalisations), and its backward.
 
-Validate, allocate, launch (kernels_tl/mhc/mhc_sinkhorn.py: a thread a token, the matrix in
-registers; the backward recomputes the iterates from x, as the original stores nothing). m (1 to
-8), repeat (>= 1) and eps at run time. CPU tensors take the references of the kernels'
+Validate, allocate, launch (kernels_tl/mhc/mhc_sinkhorn.py: a thread a matrix element, the row
+and column sums exchanged through shuffles or shared memory; the backward recomputes the
+iterates from x, as the original stores nothing). m (1 to 8), repeat (>= 1) and eps at run time. CPU tensors take the references of the kernels'
 arithmetic (tilebake.torch.mhc.sinkhorn_ordered_ref / sinkhorn_bwd_ordered_ref).
 """
 
@@ -21,11 +21,11 @@ from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
 from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_int, check_shape, check_streams
 
-# The backward keeps the inputs of its last SLOTS normalisations per thread (local memory):
+# The backward keeps the inputs of up to SLOTS normalisations per thread (shared memory):
 # 2 * repeat - 1 of them, so repeat <= 12 needs no recomputation; beyond, segments of
 # ceil((2 repeat - 1) / SLOTS) steps are recomputed from a stored checkpoint.
 SLOTS = 24
-MAX_MULTS = (4, MAX_MHC_MULT)  # m's bound, which sizes the kernels' register arrays
+MAX_MULTS = (4, MAX_MHC_MULT)  # m's bound, which sizes a token's slot of threads (16 or 64)
 
 
 @dataclasses.dataclass(frozen=True)
