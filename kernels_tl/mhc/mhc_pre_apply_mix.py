@@ -1,7 +1,8 @@
 """mhc_pre_apply_mix, as TileLang factories (build time only); m (<= MAX_M) and every size at run
 time.
 
-Forward: a thread an 8-column vector of a token (grid: tokens x column blocks); o = mix[0] x[0],
+Forward: a thread VPT 8-column vectors of the flattened (tokens x hidden / 8) vectors, every
+stream's loaded before any use; o = mix[0] x[0],
 then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
 bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
 Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
@@ -17,6 +18,7 @@ from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixVariant
 
 THREADS = 128
 WARPS = THREADS // 32
+VPT = 2  # the forward's vectors a thread: a token's vectors flattened, so no thread idles on short rows
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
@@ -35,30 +37,37 @@ def _forward():
         MIX: T.Tensor((n, m), "float32"),
         O: T.Tensor((n, h), "bfloat16"),
     ):
-        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+        hv = h // VEC
+        with T.Kernel(T.ceildiv(n * hv, THREADS * VPT), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            xs = T.alloc_local((MAX_M, VEC), "bfloat16")
+            xs = T.alloc_local((VPT, MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            c = (b * THREADS + tx) * VEC
-            if c < h:
-                for i in T.unroll(MAX_M):  # every stream's vector in flight at once: one DRAM latency
-                    if i < m:
-                        for j in T.vectorized(VEC):
-                            xs[i, j] = X[t, i, c + j]
-                w0 = MIX[t, 0]
-                for j in T.unroll(VEC):
-                    acc[j] = T.ieee_mul(w0, T.cast(xs[0, j], "float32"))
-                for i in T.unroll(MAX_M - 1):
-                    if i + 1 < m:
-                        w = MIX[t, i + 1]
-                        for j in T.unroll(VEC):
-                            acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[i + 1, j], "float32")))
-                for j in T.unroll(VEC):
-                    ys[j] = T.cast(acc[j], "bfloat16")
-                for j in T.vectorized(VEC):
-                    O[t, c + j] = ys[j]
+            for u in T.unroll(VPT):  # every stream's vectors in flight at once: one DRAM latency
+                e = (b * VPT + u) * THREADS + tx
+                t, c = e // hv, e % hv * VEC
+                if e < n * hv:
+                    for i in T.unroll(MAX_M):
+                        if i < m:
+                            for j in T.vectorized(VEC):
+                                xs[u, i, j] = X[t, i, c + j]
+            for u in T.unroll(VPT):
+                e = (b * VPT + u) * THREADS + tx
+                t, c = e // hv, e % hv * VEC
+                if e < n * hv:
+                    w0 = MIX[t, 0]
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_mul(w0, T.cast(xs[u, 0, j], "float32"))
+                    for i in T.unroll(MAX_M - 1):
+                        if i + 1 < m:
+                            w = MIX[t, i + 1]
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+                    for j in T.unroll(VEC):
+                        ys[j] = T.cast(acc[j], "bfloat16")
+                    for j in T.vectorized(VEC):
+                        O[t, c + j] = ys[j]
 
     return mhc_pre_apply_mix_fwd_kernel
 
