@@ -5,10 +5,11 @@ Forward: a thread VPT 8-column vectors of the flattened (tokens x hidden / 8) ve
 loads issued before any use, the m residual vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
 every product and sum rounded on its own), rounded to bf16 once: tilebake.torch.mhc.mhc_post_ref's
 arithmetic.
-Backward: a CTA a token, its threads over the columns. d_x = sum_o post[o] d_o[o] and
-d_residual[i] = sum_o comb[i, o] d_o[o] likewise per vector; each thread sums x . d_o[o] and
-residual[i] . d_o[o] over its columns, then a butterfly in each warp and the warps' sums in warp
-order give d_post[o] and d_comb[i, o] (a fixed order: two runs give the same bits).
+Backward: a warp a token (WARPS tokens a CTA), its lanes over the columns, each step's loads
+issued before any use. d_x = sum_o post[o] d_o[o] and d_residual[i] = sum_o comb[i, o] d_o[o]
+likewise per vector; each lane sums x . d_o[o] and residual[i] . d_o[o] over its columns, then a
+butterfly in the warp gives d_post[o] and d_comb[i, o] (a fixed order: two runs give the same
+bits; no barrier, so a token's reduction never stalls another's loads).
 """
 
 import tilelang.language as T
@@ -106,9 +107,11 @@ def _backward(MAX_M):
         DPOST: T.Tensor((n, m), "float32"),
         DCOMB: T.Tensor((n, m, m), "float32"),
     ):
-        with T.Kernel(n, threads=THREADS) as t:
+        with T.Kernel(T.ceildiv(n, WARPS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
+            lane = tx % 32
+            t = b * WARPS + tx // 32  # a warp a token: its sums need no barrier
             xs = T.alloc_local((VEC,), "bfloat16")
             rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             gs = T.alloc_local((MAX_M, VEC), "bfloat16")
@@ -116,63 +119,53 @@ def _backward(MAX_M):
             ys = T.alloc_local((VEC,), "bfloat16")
             # part[i, o]: residual[i] . d_o[o] (i < MAX_M), part[MAX_M, o]: x . d_o[o]
             part = T.alloc_local((MAX_M + 1, MAX_M), "float32")
-            red = T.alloc_shared((WARPS, (MAX_M + 1) * MAX_M), "float32")
             for r in T.unroll(MAX_M + 1):
                 for o in T.unroll(MAX_M):
                     part[r, o] = T.float32(0)
-            for p in T.serial(T.ceildiv(h, THREADS * VEC)):
-                c = (p * THREADS + tx) * VEC
-                if c < h:
-                    for j in T.vectorized(VEC):
-                        xs[j] = X[t, c + j]
+            if t < n:
+                for p in T.serial(T.ceildiv(h, 32 * VEC)):
+                    c = (p * 32 + lane) * VEC
+                    if c < h:
+                        for j in T.vectorized(VEC):
+                            xs[j] = X[t, c + j]
+                        for o in T.unroll(MAX_M):
+                            if o < m:
+                                for j in T.vectorized(VEC):
+                                    gs[o, j] = DO[t, o, c + j]
+                        for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
+                            if i < m:
+                                for j in T.vectorized(VEC):
+                                    rs[i, j] = R[t, i, c + j]
+                        mix_sum(POST, t, None, gs, acc, m)
+                        for j in T.unroll(VEC):
+                            ys[j] = T.cast(acc[j], "bfloat16")
+                        for j in T.vectorized(VEC):
+                            DX[t, c + j] = ys[j]
+                        for o in T.unroll(MAX_M):
+                            if o < m:
+                                for j in T.unroll(VEC):
+                                    part[MAX_M, o] = part[MAX_M, o] + T.cast(xs[j], "float32") * T.cast(gs[o, j], "float32")
+                        for i in T.unroll(MAX_M):
+                            if i < m:
+                                mix_sum(COMB, t, i, gs, acc, m)
+                                for j in T.unroll(VEC):
+                                    ys[j] = T.cast(acc[j], "bfloat16")
+                                for j in T.vectorized(VEC):
+                                    DR[t, i, c + j] = ys[j]
+                                for o in T.unroll(MAX_M):
+                                    if o < m:
+                                        for j in T.unroll(VEC):
+                                            part[i, o] = part[i, o] + T.cast(rs[i, j], "float32") * T.cast(gs[o, j], "float32")
+                # the token's sums: a butterfly in its warp (a fixed order: two runs give the same bits)
+                for r in T.unroll(MAX_M + 1):
                     for o in T.unroll(MAX_M):
-                        if o < m:
-                            for j in T.vectorized(VEC):
-                                gs[o, j] = DO[t, o, c + j]
-                    for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
-                        if i < m:
-                            for j in T.vectorized(VEC):
-                                rs[i, j] = R[t, i, c + j]
-                    mix_sum(POST, t, None, gs, acc, m)
-                    for j in T.unroll(VEC):
-                        ys[j] = T.cast(acc[j], "bfloat16")
-                    for j in T.vectorized(VEC):
-                        DX[t, c + j] = ys[j]
-                    for o in T.unroll(MAX_M):
-                        if o < m:
-                            for j in T.unroll(VEC):
-                                part[MAX_M, o] = part[MAX_M, o] + T.cast(xs[j], "float32") * T.cast(gs[o, j], "float32")
-                    for i in T.unroll(MAX_M):
-                        if i < m:
-                            mix_sum(COMB, t, i, gs, acc, m)
-                            for j in T.unroll(VEC):
-                                ys[j] = T.cast(acc[j], "bfloat16")
-                            for j in T.vectorized(VEC):
-                                DR[t, i, c + j] = ys[j]
-                            for o in T.unroll(MAX_M):
-                                if o < m:
-                                    for j in T.unroll(VEC):
-                                        part[i, o] = part[i, o] + T.cast(rs[i, j], "float32") * T.cast(gs[o, j], "float32")
-            # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
-            for r in T.unroll(MAX_M + 1):
-                for o in T.unroll(MAX_M):
-                    if (r < m or r == MAX_M) and o < m:
-                        for s in T.unroll(5):
-                            part[r, o] = part[r, o] + T.shfl_xor(part[r, o], 16 >> s)
-                        if tx % 32 == 0:
-                            red[tx // 32, r * MAX_M + o] = part[r, o]
-            T.sync_threads()
-            if tx < (MAX_M + 1) * MAX_M:
-                r = tx // MAX_M
-                o = tx % MAX_M
-                if (r < m or r == MAX_M) and o < m:
-                    total = T.alloc_var("float32")
-                    total = red[0, tx]
-                    for w in T.unroll(WARPS - 1):
-                        total = total + red[w + 1, tx]
-                    if r == MAX_M:
-                        DPOST[t, o] = total
-                    else:
-                        DCOMB[t, r, o] = total
+                        if (r < m or r == MAX_M) and o < m:
+                            for s in T.unroll(5):
+                                part[r, o] = part[r, o] + T.shfl_xor(part[r, o], 16 >> s)
+                            if lane == 0:
+                                if r == MAX_M:
+                                    DPOST[t, o] = part[r, o]
+                                else:
+                                    DCOMB[t, r, o] = part[r, o]
 
     return mhc_post_bwd_kernel

@@ -119,3 +119,23 @@ def _mhc_fn_normw_merge(d):
     got = tilebake.mhc.mhc_fn_normw_merge_bwd(*(_on(t, d) for t in (fn, w, og)))
     for name, a, b in zip(("fn_grad", "normw_grad"), got, tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, og)):
         _same(name, a, b)
+
+
+@smoke_case("mhc_multilayer_recompute")
+def _mhc_multilayer_recompute(d):
+    g, layers = _gen(), 3  # 2 post steps: the last layer a pre step only
+    r0 = torch.randn(T, M, H, generator=g).bfloat16()
+    pre = [torch.rand(T, M, 1, generator=g) for _ in range(layers)]
+    outs = [torch.randn(T, H, generator=g).bfloat16() for _ in range(layers - 1)]
+    post = [torch.rand(T, M, 1, generator=g) for _ in range(layers - 1)]
+    comb = [torch.rand(T, M, M, generator=g) for _ in range(layers - 1)]
+    inputs = [torch.empty(T, H, dtype=torch.bfloat16, device=d) for _ in range(layers)]
+    residuals = [torch.empty(T, M, H, dtype=torch.bfloat16, device=d) for _ in range(layers - 1)]
+    on = lambda ts: [_on(t, d) for t in ts]  # noqa: E731
+    tilebake.mhc.mhc_multilayer_recompute(_on(r0, d), on(pre), on(outs), on(post), on(comb), inputs, residuals)
+    residual = r0
+    for i in range(layers):
+        _same(f"layer_input_list[{i}]", inputs[i], ref.mhc_pre_apply_mix_ref(residual, pre[i]))
+        if i < layers - 1:
+            residual = ref.mhc_post_ref(outs[i], residual, post[i], comb[i])
+            _same(f"residual_list[{i}]", residuals[i], residual)

@@ -98,7 +98,7 @@ static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   return PyLong_FromVoidPtr(k);
 }
 
-#define MAX_ARGS 48
+#define MAX_ARGS 72  /* mhc_multilayer_recompute: 6 pointers a layer x 11 + 6 */
 
 /* launch(handle, grid: tuple3, block: tuple3, dynamic_smem, stream, signature: bytes, args: tuple)
  * signature has one letter per kernel parameter, in the kernel's order:

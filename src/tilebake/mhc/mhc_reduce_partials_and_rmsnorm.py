@@ -44,13 +44,6 @@ _KERNELS = KernelTable(MhcReducePartialsAndRmsnormVariant)
 _PLANS = plan.cache()  # by direction, which outputs are given, rms_group_size, rms_eps (and n_splits)
 
 
-def _cached(key, first):
-    try:
-        return _PLANS[key] if first.is_cuda else None
-    except (KeyError, AttributeError, TypeError):
-        return None
-
-
 def _check_group(rms_group_size, rms_eps) -> tuple[int, float]:
     if isinstance(rms_group_size, bool) or not isinstance(rms_group_size, int) or not 1 <= rms_group_size < 2**31:
         raise ValueError(f"rms_group_size must be a positive int (the normalised columns, m * hidden), got {rms_group_size!r}")
@@ -81,8 +74,11 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted, sqrsum_splitted, out_m
     key = ("fwd", out_mul is None, sqrsum is None, out is None, rms_group_size, rms_group_size.__class__, rms_eps,
            rms_eps.__class__, n_splits, n_splits.__class__)  # fmt: skip
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
-        call = _cached(key, out_mul_splitted)
-        if call is not None:
+        try:
+            call = _PLANS[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, which the checks below reject
+            pass
+        else:
             result = plan.run(call, out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out)
             if result is not NotImplemented:
                 return result
@@ -133,8 +129,11 @@ def mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad=
     key = ("bwd", out_mul_grad is None, sqrsum_grad is None, rms_group_size, rms_group_size.__class__, rms_eps,
            rms_eps.__class__)  # fmt: skip
     if not torch.compiler.is_compiling():
-        call = _cached(key, out_mul)
-        if call is not None:
+        try:
+            call = _PLANS[key]
+        except (KeyError, TypeError):  # TypeError: an unhashable argument, which the checks below reject
+            pass
+        else:
             result = plan.run(call, out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad)
             if result is not NotImplemented:
                 return result
