@@ -5,9 +5,10 @@ Forward: a thread VPT 8-column vectors of the flattened (tokens x hidden / 8) ve
 stream's loaded before any use; o = mix[0] x[0],
 then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
 bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
-Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
-(has_x_grad), and each thread sums o_grad . x[i] over its columns; a butterfly in each warp and
-the warps' sums in warp order give mix_grad[i] (a fixed order: two runs give the same bits).
+Backward: a warp a token (WARPS tokens a CTA), its lanes over the columns, each step's loads
+issued before any use: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad) (has_x_grad), and each lane
+sums o_grad . x[i] over its columns; a butterfly in the warp gives mix_grad[i] (a fixed order:
+two runs give the same bits; no barrier).
 """
 
 import tilelang.language as T
@@ -86,20 +87,21 @@ def _backward():
         MG: T.Tensor((n, m), "float32"),
         has_x_grad: T.int32,
     ):
-        with T.Kernel(n, threads=THREADS) as t:
+        with T.Kernel(T.ceildiv(n, WARPS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
+            lane = tx % 32
+            t = b * WARPS + tx // 32  # a warp a token: its sums need no barrier
             gs = T.alloc_local((VEC,), "bfloat16")
             xs = T.alloc_local((MAX_M, VEC), "bfloat16")
             xg = T.alloc_local((MAX_M, VEC), "bfloat16")
             ys = T.alloc_local((VEC,), "bfloat16")
             part = T.alloc_local((MAX_M,), "float32")
-            red = T.alloc_shared((WARPS, MAX_M), "float32")
             for i in T.unroll(MAX_M):
                 part[i] = T.float32(0)
-            for p in T.serial(T.ceildiv(h, THREADS * VEC)):
-                c = (p * THREADS + tx) * VEC
-                if c < h:
+            for p in T.serial(T.ceildiv(h, 32 * VEC)):
+                c = (p * 32 + lane) * VEC
+                if t < n and c < h:
                     for j in T.vectorized(VEC):
                         gs[j] = OG[t, c + j]
                     for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
@@ -122,19 +124,12 @@ def _backward():
                                     )  # fmt: skip
                                 for j in T.vectorized(VEC):
                                     XG[t, i, c + j] = ys[j]
-            # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
+            # the token's sums: a butterfly in its warp (a fixed order: two runs give the same bits)
             for i in T.unroll(MAX_M):
                 if i < m:
                     for s in T.unroll(5):
                         part[i] = part[i] + T.shfl_xor(part[i], 16 >> s)
-                    if tx % 32 == 0:
-                        red[tx // 32, i] = part[i]
-            T.sync_threads()
-            if tx < m:
-                total = T.alloc_var("float32")
-                total = red[0, tx]
-                for w in T.unroll(WARPS - 1):
-                    total = total + red[w + 1, tx]
-                MG[t, tx] = total
+                    if lane == 0 and t < n:
+                        MG[t, i] = part[i]
 
     return mhc_pre_apply_mix_bwd_kernel
