@@ -28,7 +28,10 @@ THREADS = 128
 # SM (264 on an H200: 16 splits x 64 tiles of 8192 tokens are 3.9 full waves, where 3 CTAs an SM
 # and 3 stages made 2.6); m <= 8 (80 mixes, whose fn tiles are 3.3 times larger): 64 tokens, 3 stages.
 WIDE, NARROW = (128, 4), (64, 3)  # (tokens, stages)
-TB = 16  # tokens whose dom rows the backward stages at once
+# Tokens the backward takes a batch (their dom rows staged, their x vectors loaded at once): the
+# batch's compute hides the next batch's load latency better the larger it is; m <= 8 has the
+# registers for 16.
+TB_WIDE, TB_NARROW = 32, 16
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
@@ -138,6 +141,7 @@ def _forward(NP):
 
 
 def _backward(NP, VEC):
+    TB = TB_WIDE if NP <= 24 else TB_NARROW
     num_tokens = T.dynamic("num_tokens")
     num_cols = T.dynamic("num_cols")
     num_mixes = T.dynamic("num_mixes")
