@@ -1,22 +1,33 @@
 """mhc_pre_split_mixes, as TileLang factories (build time only); m (<= 8), post_mult and eps at
 run time. y = mix * scale[segment] + base (T.ieee_*: the reference's roundings), the sigmoid as
-1 / (1 + exp(-y)).
+1 / (1 + exp(-y)). Index math in int32 locals (one division a thread, none in a loop: TileLang's
+own index expressions of a runtime divisor become int64 divisions).
 
-Forward: a thread an element of the (tokens, m (m + 2)) mixes (coalesced reads and writes).
+Forward: a thread an element of the (tokens, m (m + 2)) mixes (its load from the flat index; the
+token and column from one division).
 Backward: num_partials CTAs, each a contiguous range of tokens; its threads as lanes x the m3
 columns (lane l takes tokens l, l + lanes, ...: each step reads a contiguous run of the mixes),
-writing input_mixes_grad and summing gy and gy * mix per column; the lanes' sums are added in
-lane order through shared memory, and a partial row written: [the 3 scale sums (columns of a
-segment added in order), the m3 base sums, zeros to num_cols]. bwd_reduce: one CTA sums the
-rows in a fixed order (kernels_tl/common.py's sum_partial_rows) into scale_grad and base_grad.
+UNROLL steps' loads issued before their use; writing input_mixes_grad and summing gy and gy * mix
+per column. Column c's lane sums are added by 16 threads (thread i adds lanes i, i + 16, ... in
+order, then an xor butterfly over the 16), and a partial row written: [the 3 scale sums (columns
+of a segment added in order), the m3 base sums, zeros to num_cols]. bwd_reduce: one CTA of
+RED_WARPS warps sums the rows in a fixed order (warp w rows w, w + RED_WARPS, ... in row order,
+then the warps' sums in warp order) into scale_grad and base_grad. Every order is fixed: two runs
+give the same bits.
 """
 
 import tilelang.language as T
 
-from kernels_tl.common import REDUCE_COLS, REDUCE_THREADS, REDUCE_UNROLL, REDUCE_VEC, REDUCE_WARPS, sum_partial_rows
 from tilebake.mhc.mhc_pre_split_mixes import MhcPreSplitMixesVariant
 
-THREADS = 256
+THREADS = 256  # forward
+BWD_THREADS = 512
+GROUPS = BWD_THREADS // 16  # backward: 16-thread groups adding a column's lane sums
+UNROLL = 4  # backward steps a lane loads before using them
+RED_WARPS = 32  # bwd_reduce: 1024 threads, 4 columns a lane (128 columns a CTA)
+RED_UNROLL = 8  # rows a warp loads before adding them
+# every access is guarded below; barriers by hand (the backward's column loop is per group)
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 
 def build(v: MhcPreSplitMixesVariant):
@@ -45,16 +56,26 @@ def _forward():
     ):
         with T.Kernel(T.ceildiv(n * m3, THREADS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
+            MIX = T.view(MIX, shape=(n * m3,), strides=(1,))  # flat: its load needs no division
+            e = T.alloc_var("int32")
+            t = T.alloc_var("int32")
+            c = T.alloc_var("int32")
+            x = T.alloc_var("float32")
+            y = T.alloc_var("float32")
             e = b * THREADS + tx
-            t = e // m3
-            c = e % m3
+            t = T.truncdiv(e, m3)
+            c = e - t * m3
             if e < n * m3:
-                seg = T.if_then_else(c < m, 0, T.if_then_else(c < 2 * m, 1, 2))
-                y = T.ieee_add(T.ieee_mul(MIX[t, c], SCALE[seg]), BASE[c])
-                if c < m:
-                    PRE[t, c] = T.ieee_add(_sigmoid(y), pre_eps)
-                elif c < 2 * m:
-                    POST[t, c - m] = T.ieee_mul(_sigmoid(y), post_mult)
+                x = MIX[e]
+                # the segment's scale by selects (its three loads need no division)
+                sc = T.if_then_else(c < m, SCALE[0], T.if_then_else(c < 2 * m, SCALE[1], SCALE[2]))
+                y = T.ieee_add(T.ieee_mul(x, sc), BASE[c])
+                if c < 2 * m:  # one sigmoid path a warp for the pre and post columns
+                    sg = _sigmoid(y)
+                    if c < m:
+                        PRE[t, c] = T.ieee_add(sg, pre_eps)
+                    else:
+                        POST[t, c - m] = T.ieee_mul(sg, post_mult)
                 else:
                     COMB[t, c - 2 * m] = y
 
@@ -80,62 +101,96 @@ def _backward():
         PART: T.Tensor((parts, cols), "float32"),
         post_mult: T.float32,
     ):
-        with T.Kernel(parts, threads=THREADS) as b:
+        with T.Kernel(parts, threads=BWD_THREADS) as b:
             tx = T.get_thread_binding(0)
-            red_b = T.alloc_shared((THREADS,), "float32")
-            red_s = T.alloc_shared((THREADS,), "float32")
+            # the lanes' gy and gy * x sums, then the columns' gy * x sums: one buffer (not merged)
+            red = T.alloc_shared((3, BWD_THREADS), "float32")
+            xs = T.alloc_local((UNROLL,), "float32")
+            gs = T.alloc_local((UNROLL,), "float32")
             acc_b = T.alloc_var("float32")
             acc_s = T.alloc_var("float32")
-            lanes = THREADS // m3
-            lane = tx // m3
-            c = tx % m3
-            per_cta = T.ceildiv(n, parts)
-            start = b * per_cta
+            gy = T.alloc_var("float32")
+            sc = T.alloc_var("float32")
+            base = T.alloc_var("float32")
+            lanes = T.alloc_var("int32")
+            lane = T.alloc_var("int32")
+            c = T.alloc_var("int32")
+            seg = T.alloc_var("int32")
+            per = T.alloc_var("int32")
+            end = T.alloc_var("int32")
+            t0 = T.alloc_var("int32")
+            t = T.alloc_var("int32")
+            lo = T.alloc_var("int32")
+            g = tx // 16
+            i = tx % 16
+            lanes = T.truncdiv(BWD_THREADS, m3)
+            lane = T.truncdiv(tx, m3)
+            c = tx - lane * m3
+            seg = T.if_then_else(c < m, 0, T.if_then_else(c < 2 * m, 1, 2))
+            per = T.truncdiv(n + parts - 1, parts)
+            t0 = b * per + lane
+            end = T.min(b * per + per, n)
             acc_b = T.float32(0)
             acc_s = T.float32(0)
-            seg = T.if_then_else(c < m, 0, T.if_then_else(c < 2 * m, 1, 2))
             if lane < lanes:
                 sc = SCALE[seg]
                 base = BASE[c]
-                for k in T.serial(T.ceildiv(per_cta, lanes)):
-                    t = start + k * lanes + lane
-                    if t < n and k * lanes + lane < per_cta:
-                        x = MIX[t, c]
-                        gy = T.alloc_var("float32")
-                        if c < 2 * m:
-                            s = _sigmoid(T.ieee_add(T.ieee_mul(x, sc), base))
-                            ds = T.ieee_mul(s, T.ieee_sub(T.float32(1), s))
-                            if c < m:
-                                gy = T.ieee_mul(PREG[t, c], ds)
+                for k in T.serial(T.truncdiv(per + lanes * UNROLL - 1, lanes * UNROLL)):
+                    for u in T.unroll(UNROLL):
+                        t = t0 + (k * UNROLL + u) * lanes
+                        if t < end:
+                            xs[u] = MIX[t, c]
+                            if seg == 0:
+                                gs[u] = PREG[t, c]
+                            elif seg == 1:
+                                gs[u] = POSTG[t, c - m]
                             else:
-                                gy = T.ieee_mul(T.ieee_mul(POSTG[t, c - m], post_mult), ds)
-                        else:
-                            gy = COMBG[t, c - 2 * m]
-                        MIXG[t, c] = T.ieee_mul(gy, sc)
-                        acc_b = T.ieee_add(acc_b, gy)
-                        acc_s = T.ieee_add(acc_s, T.ieee_mul(gy, x))
-            red_b[tx] = acc_b
-            red_s[tx] = acc_s
+                                gs[u] = COMBG[t, c - 2 * m]
+                    for u in T.unroll(UNROLL):
+                        t = t0 + (k * UNROLL + u) * lanes
+                        if t < end:
+                            if seg == 2:
+                                gy = gs[u]
+                            else:
+                                s = _sigmoid(T.ieee_add(T.ieee_mul(xs[u], sc), base))
+                                ds = T.ieee_mul(s, T.ieee_sub(T.float32(1), s))
+                                if seg == 0:
+                                    gy = T.ieee_mul(gs[u], ds)
+                                else:
+                                    gy = T.ieee_mul(T.ieee_mul(gs[u], post_mult), ds)
+                            MIXG[t, c] = T.ieee_mul(gy, sc)
+                            acc_b = T.ieee_add(acc_b, gy)
+                            acc_s = T.ieee_add(acc_s, T.ieee_mul(gy, xs[u]))
+            red[0, tx] = acc_b
+            red[1, tx] = acc_s
             T.sync_threads()
-            # column c's sums over the lanes, in lane order (lane 0's thread holds them)
-            if tx < m3:
-                for q in T.serial(lanes - 1):
-                    acc_b = T.ieee_add(acc_b, red_b[(q + 1) * m3 + tx])
-                    acc_s = T.ieee_add(acc_s, red_s[(q + 1) * m3 + tx])
-            T.sync_threads()
-            if tx < m3:
-                red_s[tx] = acc_s
-                PART[b, 3 + tx] = acc_b
-            elif tx >= m3 + 3 and tx < cols:
+            # column cc's sums over the lanes, by a group of 16 threads (group g takes cc = g,
+            # g + GROUPS, ...): thread i adds lanes i, i + 16, ... in order, then an xor butterfly
+            # adds the group's 16 sums (every thread of the group gets the same bits). The loop
+            # runs as often in both groups of a warp (the shuffles' warp is whole).
+            for r in T.serial(T.truncdiv(m3 - (g - g % 2) + GROUPS - 1, GROUPS)):
+                cc = g + r * GROUPS
+                acc_b = T.float32(0)
+                acc_s = T.float32(0)
+                if cc < m3:
+                    for j in T.serial(T.truncdiv(lanes - i + 15, 16)):
+                        acc_b = T.ieee_add(acc_b, red[0, (i + j * 16) * m3 + cc])
+                        acc_s = T.ieee_add(acc_s, red[1, (i + j * 16) * m3 + cc])
+                for q in T.unroll(4):
+                    acc_b = T.ieee_add(acc_b, T.shfl_xor(acc_b, 8 >> q))
+                    acc_s = T.ieee_add(acc_s, T.shfl_xor(acc_s, 8 >> q))
+                if i == 0 and cc < m3:
+                    red[2, cc] = acc_s
+                    PART[b, 3 + cc] = acc_b
+            if tx >= m3 + 3 and tx < cols:
                 PART[b, tx] = T.float32(0)
             T.sync_threads()
             # the segments' scale sums, columns in order
             if tx < 3:
-                lo = T.if_then_else(tx == 0, 0, T.if_then_else(tx == 1, m, 2 * m))
-                hi = T.if_then_else(tx == 0, m, T.if_then_else(tx == 1, 2 * m, m3))
-                acc_s = red_s[lo]
-                for q in T.serial(hi - lo - 1):
-                    acc_s = T.ieee_add(acc_s, red_s[lo + q + 1])
+                lo = tx * m  # the segments start at 0, m and 2 m; comb's has m * m columns
+                acc_s = red[2, lo]
+                for q in T.serial(T.if_then_else(tx == 2, m * m, m) - 1):
+                    acc_s = T.ieee_add(acc_s, red[2, lo + q + 1])
                 PART[b, tx] = acc_s
 
     return mhc_pre_split_mixes_bwd_kernel
@@ -152,19 +207,41 @@ def _reduce():
         SG: T.Tensor((3,), "float32"),
         BG: T.Tensor((m3,), "float32"),
     ):
-        with T.Kernel(T.ceildiv(cols, REDUCE_COLS), threads=REDUCE_THREADS) as b:  # one CTA for m <= 8's 84 columns
+        with T.Kernel(T.ceildiv(cols, 128), threads=RED_WARPS * 32) as b:  # one CTA for m <= 8's 84 columns
             tx = T.get_thread_binding(0)
             T.assume(cols % 4 == 0)
-            acc = T.alloc_local((REDUCE_VEC,), "float32")
-            rows = T.alloc_local((REDUCE_UNROLL, REDUCE_VEC), "float32")
-            red = T.alloc_shared((REDUCE_WARPS, REDUCE_COLS), "float32")
-            sum_partial_rows(PART, parts, cols, b * REDUCE_COLS, acc, rows, red, tx)
-            if tx < 32:
-                for j in T.unroll(REDUCE_VEC):
-                    col = b * REDUCE_COLS + tx * REDUCE_VEC + j
-                    if col < 3:
-                        SG[col] = acc[j]
-                    elif col < 3 + m3:
-                        BG[col - 3] = acc[j]
+            acc = T.alloc_local((4,), "float32")
+            rows = T.alloc_local((RED_UNROLL, 4), "float32")
+            red = T.alloc_shared((RED_WARPS, 128), "float32")
+            w = tx // 32
+            col = b * 128 + (tx % 32) * 4
+            for j in T.unroll(4):
+                acc[j] = T.float32(0)
+            if col < cols:
+                for k in T.serial(T.truncdiv(parts - w + RED_WARPS * RED_UNROLL - 1, RED_WARPS * RED_UNROLL)):
+                    for u in T.unroll(RED_UNROLL):
+                        if w + (k * RED_UNROLL + u) * RED_WARPS < parts:
+                            for j in T.vectorized(4):
+                                rows[u, j] = PART[w + (k * RED_UNROLL + u) * RED_WARPS, col + j]
+                        else:
+                            for j in T.unroll(4):
+                                rows[u, j] = T.float32(0)
+                    for u in T.unroll(RED_UNROLL):
+                        for j in T.unroll(4):
+                            acc[j] = T.ieee_add(acc[j], rows[u, j])
+            for j in T.vectorized(4):
+                red[w, (tx % 32) * 4 + j] = acc[j]
+            T.sync_threads()
+            if tx < 32 and col < cols:
+                for j in T.unroll(4):
+                    acc[j] = red[0, tx * 4 + j]
+                for v in T.unroll(RED_WARPS - 1):
+                    for j in T.unroll(4):
+                        acc[j] = T.ieee_add(acc[j], red[v + 1, tx * 4 + j])
+                for j in T.unroll(4):
+                    if col + j < 3:
+                        SG[col + j] = acc[j]
+                    elif col + j < 3 + m3:
+                        BG[col + j - 3] = acc[j]
 
     return mhc_pre_split_mixes_bwd_reduce_kernel

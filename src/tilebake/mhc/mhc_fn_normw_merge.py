@@ -1,8 +1,9 @@
 """mhc_fn_normw_merge_fwd / _bwd: the pre-norm RMSNorm weight folded into the projection,
 fn' = fn * normw (each row scaled by the weight), and its gradients.
 
-Validate, allocate, launch (kernels_tl/mhc/mhc_fn_normw_merge.py); CPU tensors take the same
-arithmetic in torch (fp32, the weight gradient's rows added in order: the same bits).
+Validate, allocate, launch (kernels_tl/mhc/mhc_fn_normw_merge.py: 4-column vectors, so on CUDA
+K % 4 == 0 and every tensor 16-byte aligned); CPU tensors take the same arithmetic in torch (fp32,
+the weight gradient's rows added in order: the same bits).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
-from tilebake.mhc._common import check_shape, check_streams
+from tilebake.mhc._common import check_aligned, check_shape, check_streams
 
 _SIZES = i32("num_mixes", "num_cols")
 
@@ -48,6 +49,8 @@ def _check(fn, normw):
     check_shape(normw, "normw", (fn.shape[1],), fn, "fn")
     if fn.is_cuda and fn.shape[1] % 4:
         raise ValueError(f"fn's columns must be a multiple of 4 on CUDA, got {fn.shape[1]}")
+    if fn.is_cuda:
+        check_aligned(fn=fn, normw=normw)
     if fn.numel() >= 2**31:
         raise ValueError(f"fn must have fewer than 2^31 elements, got {fn.numel()}")
 
@@ -57,6 +60,8 @@ def _out(t, name, like: torch.Tensor, shape) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32, device=like.device)
     check_streams(t, name, torch.float32, len(shape))
     check_shape(t, name, shape, like, "fn")
+    if t.is_cuda:
+        check_aligned(**{name: t})
     return t
 
 
@@ -81,6 +86,8 @@ def mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad: Optional[torch.Tenso
     _check(fn, normw)
     check_streams(out_fn_grad, "out_fn_grad", torch.float32, 2)
     check_shape(out_fn_grad, "out_fn_grad", fn.shape, fn, "fn")
+    if fn.is_cuda:
+        check_aligned(out_fn_grad=out_fn_grad)
     fn_grad = _out(fn_grad, "fn_grad", fn, tuple(fn.shape))
     normw_grad = _out(normw_grad, "normw_grad", fn, (fn.shape[1],))
     if not fn.is_cuda:
