@@ -1,13 +1,14 @@
 """expand_to_mhc: the forward broadcasts each 8-column vector of x to the m streams; the
 backward sums the m streams' vectors in fp32, in stream order (the first one loaded as is, so a
-single stream's -0.0 stays -0.0), rounded to bf16 once. A thread VPT vectors of the flattened
-(tokens x hidden / 8) vectors, every load issued before any use. As TileLang factories (build
-time only).
+single stream's -0.0 stays -0.0), rounded to bf16 once. The forward: a thread VPT vectors of the
+flattened (tokens x hidden / 8) vectors, loaded before any store; the backward: a thread a vector,
+a CTA a token's THREADS vectors (grid: tokens x column blocks; the flattened two-vector form
+measured 6% slower there, bench/results/2026-12-02-NVIDIA-H200/session7/). As TileLang factories
+(build time only).
 """
 
 import tilelang.language as T
 
-from tilebake.mhc._common import MAX_MHC_MULT as MAX_M
 from tilebake.mhc._common import VEC
 from tilebake.mhc.expand_to_mhc import ExpandToMhcVariant
 
@@ -46,31 +47,26 @@ def build(v: ExpandToMhcVariant):
 
     @T.prim_func
     def expand_to_mhc_bwd_kernel(OG: T.Tensor((n, m, h), "bfloat16"), XG: T.Tensor((n, h), "bfloat16")):
-        with T.Kernel(T.ceildiv(n * hv, THREADS * VPT), threads=THREADS) as b:
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            gs = T.alloc_local((VPT, MAX_M, VEC), "bfloat16")
+            gs = T.alloc_local((VEC,), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            for u in T.unroll(VPT):  # every stream's vectors in flight at once: one DRAM latency
-                e = (b * VPT + u) * THREADS + tx
-                if e < n * hv:
-                    for i in T.unroll(MAX_M):
-                        if i < m:
-                            for j in T.vectorized(VEC):
-                                gs[u, i, j] = OG[e // hv, i, e % hv * VEC + j]
-            for u in T.unroll(VPT):
-                e = (b * VPT + u) * THREADS + tx
-                if e < n * hv:
-                    for j in T.unroll(VEC):
-                        acc[j] = T.cast(gs[u, 0, j], "float32")
-                    for i in T.unroll(MAX_M - 1):
-                        if i + 1 < m:
-                            for j in T.unroll(VEC):
-                                acc[j] = T.ieee_add(acc[j], T.cast(gs[u, i + 1, j], "float32"))
-                    for j in T.unroll(VEC):
-                        ys[j] = T.cast(acc[j], "bfloat16")
+            c = (b * THREADS + tx) * VEC
+            if c < h:
+                for j in T.vectorized(VEC):
+                    gs[j] = OG[t, 0, c + j]
+                for j in T.unroll(VEC):
+                    acc[j] = T.cast(gs[j], "float32")
+                for i in T.serial(m - 1):
                     for j in T.vectorized(VEC):
-                        XG[e // hv, e % hv * VEC + j] = ys[j]
+                        gs[j] = OG[t, i + 1, c + j]
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_add(acc[j], T.cast(gs[j], "float32"))
+                for j in T.unroll(VEC):
+                    ys[j] = T.cast(acc[j], "bfloat16")
+                for j in T.vectorized(VEC):
+                    XG[t, c + j] = ys[j]
 
     return expand_to_mhc_bwd_kernel

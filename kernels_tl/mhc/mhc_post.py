@@ -1,8 +1,8 @@
 """mhc_post, as TileLang factories (build time only); m (up to the variant's max_mult, whose
 register arrays it sizes) and every size at run time.
 
-Forward: a thread VPT 8-column vectors of the flattened (tokens x hidden / 8) vectors, all their
-loads issued before any use, the m residual vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
+Forward: a thread an 8-column vector of a token (grid: tokens x column blocks), the m residual
+vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
 every product and sum rounded on its own), rounded to bf16 once: tilebake.torch.mhc.mhc_post_ref's
 arithmetic.
 Backward: a warp a token (WARPS tokens a CTA), its lanes over the columns, each step's loads
@@ -19,7 +19,6 @@ from tilebake.mhc.mhc_post import MhcPostVariant
 
 THREADS = 128
 WARPS = THREADS // 32
-VPT = 2  # the forward's vectors a thread: a token's vectors flattened, so no thread idles on short rows
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
@@ -40,41 +39,34 @@ def _forward(MAX_M):
         COMB: T.Tensor((n, m, m), "float32"),
         OUT: T.Tensor((n, m, h), "bfloat16"),
     ):
-        hv = h // VEC
-        with T.Kernel(T.ceildiv(n * hv, THREADS * VPT), threads=THREADS) as b:
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            xs = T.alloc_local((VPT, VEC), "bfloat16")
-            rs = T.alloc_local((VPT, MAX_M, VEC), "bfloat16")
+            xs = T.alloc_local((VEC,), "bfloat16")
+            rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            for u in T.unroll(VPT):  # every load of the thread's vectors before any use
-                e = (b * VPT + u) * THREADS + tx
-                t, c = e // hv, e % hv * VEC
-                if e < n * hv:
-                    for j in T.vectorized(VEC):
-                        xs[u, j] = X[t, c + j]
+            c = (b * THREADS + tx) * VEC
+            if c < h:
+                for j in T.vectorized(VEC):
+                    xs[j] = X[t, c + j]
+                for i in T.unroll(MAX_M):
+                    if i < m:
+                        for j in T.vectorized(VEC):
+                            rs[i, j] = R[t, i, c + j]
+                for o in T.serial(m):
+                    post = POST[t, o]
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_mul(post, T.cast(xs[j], "float32"))
                     for i in T.unroll(MAX_M):
                         if i < m:
-                            for j in T.vectorized(VEC):
-                                rs[u, i, j] = R[t, i, c + j]
-            for u in T.unroll(VPT):
-                e = (b * VPT + u) * THREADS + tx
-                t, c = e // hv, e % hv * VEC
-                if e < n * hv:
-                    for o in T.serial(m):
-                        post = POST[t, o]
-                        for j in T.unroll(VEC):
-                            acc[j] = T.ieee_mul(post, T.cast(xs[u, j], "float32"))
-                        for i in T.unroll(MAX_M):
-                            if i < m:
-                                comb = COMB[t, i, o]
-                                for j in T.unroll(VEC):
-                                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(comb, T.cast(rs[u, i, j], "float32")))
-                        for j in T.unroll(VEC):
-                            ys[j] = T.cast(acc[j], "bfloat16")
-                        for j in T.vectorized(VEC):
-                            OUT[t, o, c + j] = ys[j]
+                            comb = COMB[t, i, o]
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_add(acc[j], T.ieee_mul(comb, T.cast(rs[i, j], "float32")))
+                    for j in T.unroll(VEC):
+                        ys[j] = T.cast(acc[j], "bfloat16")
+                    for j in T.vectorized(VEC):
+                        OUT[t, o, c + j] = ys[j]
 
     return mhc_post_fwd_kernel
 

@@ -1,14 +1,12 @@
 """mhc_pre_apply_mix, as TileLang factories (build time only); m (<= MAX_M) and every size at run
 time.
 
-Forward: a thread VPT 8-column vectors of the flattened (tokens x hidden / 8) vectors, every
-stream's loaded before any use; o = mix[0] x[0],
+Forward: a thread an 8-column vector of a token (grid: tokens x column blocks); o = mix[0] x[0],
 then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
 bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
-Backward: a warp a token (WARPS tokens a CTA), its lanes over the columns, each step's loads
-issued before any use: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad) (has_x_grad), and each lane
-sums o_grad . x[i] over its columns; a butterfly in the warp gives mix_grad[i] (a fixed order:
-two runs give the same bits; no barrier).
+Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
+(has_x_grad), and each thread sums o_grad . x[i] over its columns; a butterfly in each warp and
+the warps' sums in warp order give mix_grad[i] (a fixed order: two runs give the same bits).
 """
 
 import tilelang.language as T
@@ -19,7 +17,6 @@ from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixVariant
 
 THREADS = 128
 WARPS = THREADS // 32
-VPT = 2  # the forward's vectors a thread: a token's vectors flattened, so no thread idles on short rows
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
@@ -38,37 +35,30 @@ def _forward():
         MIX: T.Tensor((n, m), "float32"),
         O: T.Tensor((n, h), "bfloat16"),
     ):
-        hv = h // VEC
-        with T.Kernel(T.ceildiv(n * hv, THREADS * VPT), threads=THREADS) as b:
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            xs = T.alloc_local((VPT, MAX_M, VEC), "bfloat16")
+            xs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            for u in T.unroll(VPT):  # every stream's vectors in flight at once: one DRAM latency
-                e = (b * VPT + u) * THREADS + tx
-                t, c = e // hv, e % hv * VEC
-                if e < n * hv:
-                    for i in T.unroll(MAX_M):
-                        if i < m:
-                            for j in T.vectorized(VEC):
-                                xs[u, i, j] = X[t, i, c + j]
-            for u in T.unroll(VPT):
-                e = (b * VPT + u) * THREADS + tx
-                t, c = e // hv, e % hv * VEC
-                if e < n * hv:
-                    w0 = MIX[t, 0]
-                    for j in T.unroll(VEC):
-                        acc[j] = T.ieee_mul(w0, T.cast(xs[u, 0, j], "float32"))
-                    for i in T.unroll(MAX_M - 1):
-                        if i + 1 < m:
-                            w = MIX[t, i + 1]
-                            for j in T.unroll(VEC):
-                                acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
-                    for j in T.unroll(VEC):
-                        ys[j] = T.cast(acc[j], "bfloat16")
-                    for j in T.vectorized(VEC):
-                        O[t, c + j] = ys[j]
+            c = (b * THREADS + tx) * VEC
+            if c < h:
+                for i in T.unroll(MAX_M):  # every stream's vector in flight at once: one DRAM latency
+                    if i < m:
+                        for j in T.vectorized(VEC):
+                            xs[i, j] = X[t, i, c + j]
+                w0 = MIX[t, 0]
+                for j in T.unroll(VEC):
+                    acc[j] = T.ieee_mul(w0, T.cast(xs[0, j], "float32"))
+                for i in T.unroll(MAX_M - 1):
+                    if i + 1 < m:
+                        w = MIX[t, i + 1]
+                        for j in T.unroll(VEC):
+                            acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[i + 1, j], "float32")))
+                for j in T.unroll(VEC):
+                    ys[j] = T.cast(acc[j], "bfloat16")
+                for j in T.vectorized(VEC):
+                    O[t, c + j] = ys[j]
 
     return mhc_pre_apply_mix_fwd_kernel
 
@@ -87,21 +77,20 @@ def _backward():
         MG: T.Tensor((n, m), "float32"),
         has_x_grad: T.int32,
     ):
-        with T.Kernel(T.ceildiv(n, WARPS), threads=THREADS) as b:
+        with T.Kernel(n, threads=THREADS) as t:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            lane = tx % 32
-            t = b * WARPS + tx // 32  # a warp a token: its sums need no barrier
             gs = T.alloc_local((VEC,), "bfloat16")
             xs = T.alloc_local((MAX_M, VEC), "bfloat16")
             xg = T.alloc_local((MAX_M, VEC), "bfloat16")
             ys = T.alloc_local((VEC,), "bfloat16")
             part = T.alloc_local((MAX_M,), "float32")
+            red = T.alloc_shared((WARPS, MAX_M), "float32")
             for i in T.unroll(MAX_M):
                 part[i] = T.float32(0)
-            for p in T.serial(T.ceildiv(h, 32 * VEC)):
-                c = (p * 32 + lane) * VEC
-                if t < n and c < h:
+            for p in T.serial(T.ceildiv(h, THREADS * VEC)):
+                c = (p * THREADS + tx) * VEC
+                if c < h:
                     for j in T.vectorized(VEC):
                         gs[j] = OG[t, c + j]
                     for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
@@ -124,12 +113,19 @@ def _backward():
                                     )  # fmt: skip
                                 for j in T.vectorized(VEC):
                                     XG[t, i, c + j] = ys[j]
-            # the token's sums: a butterfly in its warp (a fixed order: two runs give the same bits)
+            # The token's sums: a butterfly in each warp, then the warps' sums in warp order.
             for i in T.unroll(MAX_M):
                 if i < m:
                     for s in T.unroll(5):
                         part[i] = part[i] + T.shfl_xor(part[i], 16 >> s)
-                    if lane == 0 and t < n:
-                        MG[t, i] = part[i]
+                    if tx % 32 == 0:
+                        red[tx // 32, i] = part[i]
+            T.sync_threads()
+            if tx < m:
+                total = T.alloc_var("float32")
+                total = red[0, tx]
+                for w in T.unroll(WARPS - 1):
+                    total = total + red[w + 1, tx]
+                MG[t, tx] = total
 
     return mhc_pre_apply_mix_bwd_kernel

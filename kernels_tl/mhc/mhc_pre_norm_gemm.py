@@ -25,13 +25,10 @@ from tilebake.mhc.mhc_pre_norm_gemm import BK, MhcPreNormGemmVariant
 
 THREADS = 128
 # The forward's tile: m <= 4 (24 mixes): 128 tokens, 4 stages, 94 KB of shared memory, 2 CTAs an
-# SM (264 on an H200: 16 splits x 64 tiles of 8192 tokens are 3.9 full waves, where 3 CTAs an SM
-# and 3 stages made 2.6); m <= 8 (80 mixes, whose fn tiles are 3.3 times larger): 64 tokens, 3 stages.
+# SM (H200, 8192 tokens: 8 splits 130 us against 170 with 3 stages and 3 CTAs an SM, the waves
+# fuller; 4 and 16 splits the same); m <= 8 (80 mixes, fn tiles 3.3 times larger): 64 tokens, 3 stages.
 WIDE, NARROW = (128, 4), (64, 3)  # (tokens, stages)
-# Tokens the backward takes a batch (their dom rows staged, their x vectors loaded at once): the
-# batch's compute hides the next batch's load latency better the larger it is; m <= 8 has the
-# registers for 16.
-TB_WIDE, TB_NARROW = 32, 16
+TB = 16  # tokens the backward takes a batch (32 measured slower: 3715 us against 2470, session 7)
 PASS_CONFIGS = {"tl.disable_tma_lower": True, "tl.disable_warp_specialized": True}
 
 
@@ -115,6 +112,9 @@ def _forward(NP):
                             xl[j] = xr[slot, h * THREADS + tx % BM, (c * LANES + tx // BM) * 8 + j]
                         for j in T.unroll(8):
                             sq[h] = sq[h] + T.cast(xl[j], "float32") * T.cast(xl[j], "float32")
+                # the writers' side of the hand-over to the wgmma (async proxy): every thread's own
+                # cp.async and st.shared writes fenced before the barrier, not only after it
+                T.fence_proxy_async()
                 T.sync_threads()
                 T.gemm(xr[slot, :, :], b, acc, transpose_B=True)
             T.ptx_wait_group(0)  # the ring's last (zero-filling) copies land before acc_s reuses it
@@ -141,7 +141,6 @@ def _forward(NP):
 
 
 def _backward(NP, VEC):
-    TB = TB_WIDE if NP <= 24 else TB_NARROW
     num_tokens = T.dynamic("num_tokens")
     num_cols = T.dynamic("num_cols")
     num_mixes = T.dynamic("num_mixes")

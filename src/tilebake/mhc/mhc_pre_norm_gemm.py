@@ -29,7 +29,7 @@ from tilebake.quant.norm_backward import sum_partial_rows
 BM, BK = 64, 64  # the forward's tile: tokens x columns (a split is whole BK steps)
 MAX_MULTS = (4, 8)  # a variant's mixes: up to 24 (m <= 4) or 80 (m <= 8)
 MAX_MIXES = MAX_MULTS[-1] * (MAX_MULTS[-1] + 2)
-_BWD_CTAS_PER_SM = 2  # the backward CTAs an SM holds (its registers: about 240 a thread at m <= 4)
+_BWD_CTAS_PER_SM = 2  # the backward CTAs an SM holds (its registers: about 190 a thread)
 
 
 @dataclasses.dataclass(frozen=True)
