@@ -128,8 +128,51 @@ def mhc_fn_normw_merge_bwd_case(num_tokens, hidden):
     }
 
 
+LAYERS = 3  # the multilayer recompute's chain (the post step on every layer)
+
+
+def _recompute_inputs(num_tokens, hidden):
+    bf16 = lambda *shape: torch.randn(*shape, device="cuda").bfloat16()  # noqa: E731
+    mix = lambda *shape: torch.rand(*shape, device="cuda")  # noqa: E731
+    return (bf16(num_tokens, M, hidden), [mix(num_tokens, M, 1) for _ in range(LAYERS)],
+            [bf16(num_tokens, hidden) for _ in range(LAYERS)], [mix(num_tokens, M, 1) for _ in range(LAYERS)],
+            [mix(num_tokens, M, M) for _ in range(LAYERS)])  # fmt: skip
+
+
+def _recompute(r0, pre, outs, post, comb):
+    """The op's outputs (layer inputs, then residuals), allocated here: it writes into given lists."""
+    inputs = [torch.empty_like(o) for o in outs]
+    residuals = [torch.empty_like(r0) for _ in outs]
+    tilebake.mhc.mhc_multilayer_recompute(r0, pre, outs, post, comb, inputs, residuals)
+    return (*inputs, *residuals)
+
+
+def _recompute_ref(r0, pre, outs, post, comb):
+    from tilebake.torch import mhc as ref
+
+    inputs, residuals, r = [], [], r0
+    for i in range(LAYERS):
+        inputs.append(ref.mhc_pre_apply_mix_ref(r, pre[i]))
+        r = ref.mhc_post_ref(outs[i], r, post[i], comb[i])
+        residuals.append(r)
+    return (*inputs, *residuals)
+
+
+def mhc_multilayer_recompute_case(num_tokens, hidden):
+    return {
+        "op": "mhc_multilayer_recompute",
+        "variant": f"{LAYERS} layers, {M} streams",
+        "make": lambda: _recompute_inputs(num_tokens, hidden),
+        "fn": _recompute,
+        "ref": _recompute_ref,
+        # the initial residual read; a layer's output read, its input and residual written
+        "bytes": num_tokens * hidden * 2 * (M + LAYERS * (2 + M)),
+    }
+
+
 CASES = {
     "mhc_pre_norm_gemm": [mhc_pre_norm_gemm_case, mhc_pre_norm_gemm_bwd_case],
     "mhc_reduce_partials_and_rmsnorm": [mhc_reduce_partials_and_rmsnorm_case, mhc_reduce_partials_and_rmsnorm_bwd_case],
     "mhc_fn_normw_merge": [mhc_fn_normw_merge_case, mhc_fn_normw_merge_bwd_case],
+    "mhc_multilayer_recompute": [mhc_multilayer_recompute_case],
 }
