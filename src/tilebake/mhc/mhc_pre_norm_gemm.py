@@ -14,6 +14,7 @@ arithmetic in fp32 over the same splits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import torch
@@ -203,8 +204,11 @@ def _num_parts(num_tokens: int, num_cols: int, num_mixes: int) -> int:
     """The backward's token shares: the count whose CTAs fill the SMs' resident slots in the
     fewest, fullest waves (set_num_sms respected), each share at least 16 tokens."""
     vec = 2 if num_mixes <= MAX_MULTS[0] * (MAX_MULTS[0] + 2) else 1
-    col_blocks = -(-num_cols // (128 * vec))
-    slots = _BWD_CTAS_PER_SM * config.get_num_sms()
+    return _best_parts(num_tokens, -(-num_cols // (128 * vec)), _BWD_CTAS_PER_SM * config.get_num_sms())
+
+
+@functools.lru_cache(maxsize=256)  # a search of up to hundreds of counts: once a shape, not once a call
+def _best_parts(num_tokens: int, col_blocks: int, slots: int) -> int:
     most = max(1, min(4 * -(-slots // col_blocks), -(-num_tokens // 16)))
     # a CTA's time is proportional to its share, num_tokens / parts; the kernel's to waves / parts
     return min(range(1, most + 1), key=lambda parts: (-(-col_blocks * parts // slots) / parts, parts))
