@@ -17,7 +17,8 @@ before a barrier) is reported: the run stops with the CTA and the stuck threads,
 would hang or be undefined. Races inside a warp between barriers, and memory-model questions
 (caching, fences, the compiler's reordering), are not modelled: the GPU tests decide those.
 Device intrinsics beyond the collectives: __byte_perm, __vmaxu2, uint4 copies, tilelang's
-tl::clamp and the cubins' e4m3 conversion (cvt.rn.satfinite: nearest even, saturating to +-448).
+tl::clamp, tl::cp_async_* (each copy lands at the wait that retires its group) and the cubins' e4m3
+conversion (cvt.rn.satfinite: nearest even, saturating to +-448).
 
     python build_tools/block_emu.py KERNEL.cu OUT.so
 
@@ -165,6 +166,31 @@ inline uint __vmaxu2(uint a, uint b) {  // unsigned max of each 16-bit half
 namespace tl {
 inline float clamp(float x, float lo, float hi) { return std::isnan(x) ? x : fminf(fmaxf(x, lo), hi); }
 }  // namespace tl
+
+// --- cp.async: a thread's copies queue in commit groups and land when a wait retires their group
+// (the destination poisoned until then), as late as the PTX contract allows ---
+struct AsyncCopy { uchar* dst; const uchar* src; int n; bool cond; };
+struct AsyncQueue { std::vector<AsyncCopy> open; std::vector<std::vector<AsyncCopy>> committed; };
+static std::vector<AsyncQueue> g_async;  // one a thread
+namespace tl {
+template <int N> void cp_async_gs_conditional(void const* dst, void const* src, bool cond) {
+  g_async[g_cur].open.push_back({(uchar*)dst, (const uchar*)src, N, cond});  // cond false: zero fill
+  std::memset((void*)dst, 0xA5, N);
+}
+template <int N> void cp_async_gs(void const* dst, void const* src) { cp_async_gs_conditional<N>(dst, src, true); }
+inline void cp_async_commit() {
+  AsyncQueue& q = g_async[g_cur];
+  q.committed.push_back(std::move(q.open));
+  q.open.clear();
+}
+template <int N> void cp_async_wait() {
+  AsyncQueue& q = g_async[g_cur];
+  while ((int)q.committed.size() > N) {
+    for (AsyncCopy& c : q.committed.front()) c.cond ? (void)std::memcpy(c.dst, c.src, c.n) : (void)std::memset(c.dst, 0, c.n);
+    q.committed.erase(q.committed.begin());
+  }
+}
+}  // namespace tl
 struct fp8_e4_t {  // cvt.rn.satfinite.e4m3x2.f32: nearest even, +-448 for larger (and inf), NaN 0x7F
   uchar storage;
   fp8_e4_t() = default;
@@ -230,6 +256,7 @@ extern "C" int run(SIGNATURE, int grid, int grid_y, int threads, unsigned seed) 
   gridDim.y = grid_y;
   for (long b = 0; b < (long)grid * grid_y; ++b) {
     g_block = Barrier{threads, 0, 0};
+    g_async.assign(threads, AsyncQueue{});
     std::memset(g_smem, 0xA5, sizeof g_smem);  // as uninitialised
     for (int t = 0; t < threads; ++t) {
       Fiber& f = g_fibers[t];
