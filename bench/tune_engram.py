@@ -67,6 +67,8 @@ def run_step(out: Path):
         for meta_path in sorted((out / "sm_90a").glob("*step*.json")):
             meta = json.loads(meta_path.read_text())
             stem = meta_path.stem
+            if cols > int(stem.split("max_cols")[1].split(".")[0]):
+                continue
             ctas = min(rows, int(stem.split("ctas_per_sm")[1].split(".")[0]) * num_sms)
             partial = torch.empty(ctas, cols, device="cuda")
             smem = meta["dynamic_smem"]

@@ -1,7 +1,8 @@
 """Launch-config search for the Engram gate kernels (kernels_tl/engram/engram_gate_{fwd,bwd}.py
-candidate_configs()) at the original's benchmark shape (8001 tokens, hc 4, hidden 7168) and at hidden 5120.
+candidate_configs(max_hidden)): the 8192 class at the original's benchmark shape (8001 tokens, hc 4,
+hidden 7168) and at hidden 5120, the 4096 class at hidden 4096 and 2560.
 
-python bench/tune_engram_gate.py build DIR [fwd,bwd]  # build host: lower + nvcc every candidate (sm_90a)
+python bench/tune_engram_gate.py build DIR [fwd,bwd] [8192,4096]  # build host: lower + nvcc every candidate (sm_90a)
 python bench/tune_engram_gate.py run DIR     # GPU: each candidate through the public op (its
                                              # KernelTable entry swapped), checked, CUDA-graph timed
 """
@@ -13,12 +14,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = [(8001, 4, 7168), (8001, 4, 5120)]
+SHAPES = {8192: [(8001, 4, 7168), (8001, 4, 5120)], 4096: [(8001, 4, 4096), (8001, 4, 2560)]}
 STAGES = ("fwd", "bwd")
 
 
-def _stem(stage, cfg):
-    return f"engram_gate_{stage}." + ".".join(f"{k}{val}" for k, val in dataclasses.asdict(cfg).items())
+def _stem(stage, max_hidden, cfg):
+    return f"engram_gate_{stage}.h{max_hidden}." + ".".join(f"{k}{val}" for k, val in dataclasses.asdict(cfg).items())
 
 
 def build(out: Path):
@@ -28,16 +29,18 @@ def build(out: Path):
     import aot
     import harness
 
+    classes = [int(c) for c in sys.argv[4].split(",")] if len(sys.argv) > 4 else [8192]
     for stage in sys.argv[3].split(",") if len(sys.argv) > 3 else STAGES:
         kernels = importlib.import_module(f"kernels_tl.engram.engram_gate_{stage}")
         op = importlib.import_module(f"tilebake.engram.engram_gate_{stage}")
-        v = next(v for v in op._KERNELS.variant_type.all() if getattr(v, "max_hidden", 8192) == 8192)
-        for cfg in kernels.candidate_configs():
-            stem = _stem(stage, cfg)
-            aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
-            harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
-            (out / "sm_90a" / f"{stem}.cfg").write_text(json.dumps(dataclasses.asdict(cfg)))
-            print("built", stem, flush=True)
+        for max_hidden in classes:
+            v = next(v for v in op._KERNELS.variant_type.all() if v.max_hidden == max_hidden)
+            for cfg in kernels.candidate_configs(max_hidden):
+                stem = _stem(stage, max_hidden, cfg)
+                aot.lower_one(v, "sm_90a", out, build_kwargs={"cfg": cfg}, stem=stem)
+                harness.compile_cubin(out / "sm_90a" / f"{stem}.cu")
+                (out / "sm_90a" / f"{stem}.cfg").write_text(json.dumps({"max_hidden": max_hidden, **dataclasses.asdict(cfg)}))
+                print("built", stem, flush=True)
 
 
 class Candidate:
@@ -82,10 +85,11 @@ def run(out: Path):
     plan.remember = lambda *args: None  # no call plans: a candidate is no loader.Kernel (graph timing: GPU time only)
     copy = harness.copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s", flush=True)
-    keys = {"fwd": ("bf16", 8192), "bwd": ("bf16", 8192)}
-    declared = {stage: mod._KERNELS.variant_type(*keys[stage]).arg_names for stage, mod in (("fwd", fwd_mod), ("bwd", bwd_mod))}
+    mods = {"fwd": fwd_mod, "bwd": bwd_mod}
     ctas_per_sm = dict(fwd_mod.CTAS_PER_SM), dict(bwd_mod.CTAS_PER_SM)
-    for shape in SHAPES:
+    candidates = [(p.stem, json.loads(p.read_text())) for p in sorted((out / "sm_90a").glob("*.cfg"))]
+    shapes = [(cls, shape) for cls in sorted({cfg['max_hidden'] for _, cfg in candidates}, reverse=True) for shape in SHAPES[cls]]
+    for max_hidden, shape in shapes:
         T, hc, H = shape
         bufs = []
         for _ in range(2):
@@ -94,17 +98,18 @@ def run(out: Path):
             w = torch.rand(hc, H, device="cuda") + 0.5
             g = torch.randn(T, hc, H, device="cuda").bfloat16()
             bufs.append((x, kv, w, g, ref.engram_gate_fwd_ref(x, kv, w, 1e-6, 1e-4)))
-        fwd_bytes = T * (3 * hc + 1) * H * 2
-        bwd_bytes = T * (6 * hc + 2) * H * 2
+        fwd_bytes = T * (3 * hc + 1) * H * 2  # x, k, v read; out written
+        bwd_bytes = T * (5 * hc + 2) * H * 2  # g, x, k, v read; dx, dk, dv written
         want_f = bufs[0][4]
         want_b = ref.engram_gate_bwd_ref(bufs[0][3], *bufs[0][:3], *bufs[0][4][1:], 1e-4)
-        for stem_path in sorted((out / "sm_90a").glob("*.cfg")):
-            stem = stem_path.stem
+        for stem, cfg in candidates:
+            if cfg["max_hidden"] != max_hidden:
+                continue
             stage = stem.split(".")[0].rsplit("_", 1)[1]
-            mod = fwd_mod if stage == "fwd" else bwd_mod
-            cfg = json.loads(stem_path.read_text())
-            mod._KERNELS[keys[stage]] = Candidate(out, stem, declared[stage])
-            mod.CTAS_PER_SM[8192] = cfg["ctas_per_sm"]
+            mod = mods[stage]
+            key = ("bf16", max_hidden)
+            mod._KERNELS[key] = Candidate(out, stem, mod._KERNELS.variant_type(*key).arg_names)
+            mod.CTAS_PER_SM[max_hidden] = cfg["ctas_per_sm"]
 
             def fwd(x, kv, w, g, saved):
                 tilebake.engram.engram_gate_fwd(x, kv, w, 1e-6, 1e-4)
@@ -125,7 +130,7 @@ def run(out: Path):
             gbs = (fwd_bytes if stage == "fwd" else bwd_bytes) / us / 1e3
             print(f"{shape} {stem:50s} {us:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy:5.1f}% {'ok' if ok else 'MISMATCH'}",
                   flush=True)  # fmt: skip
-            del mod._KERNELS[keys[stage]]
+            del mod._KERNELS[key]
             fwd_mod.CTAS_PER_SM.update(ctas_per_sm[0])
             bwd_mod.CTAS_PER_SM.update(ctas_per_sm[1])
 

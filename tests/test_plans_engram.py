@@ -169,14 +169,14 @@ def test_gate_bwd_plan(with_mask):
     saved = [torch.rand(200, 3) for _ in range(4)]
     mask = torch.zeros(200, dtype=torch.bool) if with_mask else None
     (dx, dkv, partial), launches = trace(p, g, x, kv, w, *saved, mask)
-    assert dx.shape == x.shape and dkv.shape == kv.shape and partial.shape == (2 * 132 // 3, 3, 5120)
+    assert dx.shape == x.shape and dkv.shape == kv.shape and partial.shape == (gate_bwd.CTAS_PER_SM[8192] * 132 // 3, 3, 5120)
     got = launched(kernel, launches)
     assert got == dict(
         G=g.data_ptr(), X=x.data_ptr(), K=kv.data_ptr(), V=kv.data_ptr() + 3 * 5120 * 2, W=w.data_ptr(),
         DOT=saved[0].data_ptr(), GATE=saved[1].data_ptr(), RSTD_X=saved[2].data_ptr(), RSTD_K=saved[3].data_ptr(),
         MASK=mask.data_ptr() if with_mask else 0, DX=dx.data_ptr(), DK=dkv.data_ptr(), DV=dkv.data_ptr() + 3 * 5120 * 2,
         P=partial.data_ptr(), clamp_value=pytest.approx(1e-4), num_tokens=200, hc=3, hidden=5120,
-        num_ctas_per_head=2 * 132 // 3, has_mask=int(with_mask), g_token_stride=3 * 5120, g_head_stride=5120,
+        num_ctas_per_head=gate_bwd.CTAS_PER_SM[8192] * 132 // 3, has_mask=int(with_mask), g_token_stride=3 * 5120, g_head_stride=5120,
         x_token_stride=3 * 5120, x_head_stride=5120, k_token_stride=4 * 5120, k_head_stride=5120,
         dx_token_stride=3 * 5120, dx_head_stride=5120, dk_token_stride=4 * 5120, dk_head_stride=5120,
         v_token_stride=4 * 5120, dv_token_stride=4 * 5120,

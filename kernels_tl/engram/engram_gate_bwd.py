@@ -47,19 +47,23 @@ class LaunchConfig:
     dw_in_smem: bool  # the weight gradient's running sum in shared memory rather than registers
 
 
-# The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session4/ and
-# session8/): unstaged at 8001 x 4 x 7168, 256 threads, 2 CTAs a SM, dw in shared memory: 833-941 us
-# over two runs, against 1006-1106 for 512 x 1 and 1300-3000 for 3 CTAs a SM (spills).
+# The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session8/call3/,
+# GB/s counting the 22 rows a token moves at hc 4): at 8001 x 4 x 7168, staged 256 threads x 1 CTA a
+# SM 629.4 us (94.3% of copy bandwidth; 512 threads 628.9, 5120 columns 561.2 against 577.5), the
+# unstaged 256 x 2 846.4; at 8001 x 4 x 4096, staged 256 x 2 387.9 us (87.4%) against 458.1 for the
+# unstaged 128 x 4 and 478.3 for 512 x 1. The 16384 class has no room for two staged tokens: unstaged.
 CONFIGS = {
-    4096: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[4096], stages=1, dw_in_smem=True),
-    8192: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[8192], stages=2, dw_in_smem=False),
+    4096: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[4096], stages=2, dw_in_smem=False),
+    8192: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[8192], stages=2, dw_in_smem=False),
     16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True),
 }
 
 
-def candidate_configs():
-    """The search space of `python bench/tune_engram_gate.py build|run DIR` (the 8192 variant)."""
-    return [LaunchConfig(256, 8, 2, 1, True)] + [LaunchConfig(t, 8, 1, 2, False) for t in (256, 512, 1024)]
+def candidate_configs(max_hidden=8192):
+    """The search space of `python bench/tune_engram_gate.py build|run DIR` for a class."""
+    if max_hidden == 4096:
+        return [LaunchConfig(128, 8, 4, 1, True)] + [LaunchConfig(t, 8, c, 2, False) for t, c in ((256, 2), (512, 1))]
+    return [LaunchConfig(256, 8, 2, 1, True)] + [LaunchConfig(t, 8, 1, 2, False) for t in (256, 512)]
 
 
 def build(v, cfg: LaunchConfig | None = None):
@@ -223,6 +227,11 @@ def build(v, cfg: LaunchConfig | None = None):
             gsum = T.alloc_var("float32")
             gv = T.alloc_var("float32")
             grad_d = T.alloc_var("float32")
+            cf = T.alloc_var("float32")
+            gc = T.alloc_var("float32")
+            ax = T.alloc_var("float32")
+            ak = T.alloc_var("float32")
+            scale = T.alloc_var("float32")
             scale = T.float32(1) / T.sqrt(T.cast(hidden, "float32"))
             # this CTA's slice of dv's columns, in whole VEC-vectors
             slice_vecs = T.alloc_var("int32")  # (a variable: its division done once)
@@ -272,6 +281,7 @@ def build(v, cfg: LaunchConfig | None = None):
                 for w in T.unroll(WARPS - 1):
                     gv = gv + red[i % 2, w + 1]
                 # 3. dx, dk, dw
+                # (variables, not expressions: an expression is inlined, and its division redone, per column)
                 dot, gate, rx, rk, masked = sc[0], sc[1], sc[2], sc[3], sc[4]
                 d = dot * rx * rk * scale
                 ad = T.abs(d)

@@ -50,8 +50,10 @@ CONFIGS = {
 }
 
 
-def candidate_configs():
-    """The search space of `python bench/tune_engram_gate.py build|run DIR` (the 8192 variant)."""
+def candidate_configs(max_hidden=8192):
+    """The search space of `python bench/tune_engram_gate.py build|run DIR` (the 8192 class only)."""
+    if max_hidden != 8192:
+        return []
     return [
         LaunchConfig(t, 8, m, a)
         for t, m in ((128, 6), (128, 8), (256, 3), (256, 4), (512, 2))

@@ -124,22 +124,27 @@ class StepConfig:
     # next S - 1 rows in flight through cp.async into shared memory while a row is computed (each
     # thread copies and later reads only its own columns' slots: no barrier for the data).
     stages: int
+    max_cols: int = MAX_COLS  # the longest row a CTA's registers and row buffers hold
 
 
 # The H200 sweeps (bench/results/2026-12-02-NVIDIA-H200/session5/, bench/tune_engram.py ... step): at
 # 100001 x 5120, 3 stages 473.6 us against 569.8 unstaged (2 stages 509.4; 512 threads or 1 or 3
-# CTAs a SM slower); at 8001 x 8192 69.9 against 76.5.
+# CTAs a SM slower); at 8001 x 8192 69.9 against 76.5. Rows of at most 6144 columns (smaller buffers: 4
+# stages at 2 CTAs a SM, 2-3 at 3) measured no faster: 476.7-485.3 us against 477.5 (session8/call1).
 STEP_CONFIG = StepConfig(ctas_per_sm=STEP_CTAS_PER_SM, stages=3)
 
 
 def step_candidate_configs():
     """The step's search space (python bench/tune_engram.py build|run DIR step)."""
-    return [StepConfig(STEP_CTAS_PER_SM, s) for s in (1, 2, 3)]
+    return [StepConfig(STEP_CTAS_PER_SM, s) for s in (1, 2, 3)] + [
+        StepConfig(c, s, 6144) for c, s in ((2, 4), (3, 3), (3, 2))
+    ]
 
 
 def _step(v, cfg=None):
     cfg = cfg or STEP_CONFIG
     STAGES = cfg.stages
+    PASSES = cfg.max_cols // PASS
     rows = T.dynamic("num_rows")
     cols = T.dynamic("num_cols")
     num_ctas = T.dynamic("num_ctas")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tilebake
-from tilebake.engram.engram_gate_bwd import num_partials
+from tilebake.engram.engram_gate_bwd import CTAS_PER_SM, num_partials
 from tilebake.torch.engram import engram_gate_ref
 
 EPS, CLAMP = 1e-6, 1e-4
@@ -78,10 +78,11 @@ def test_gate_backward(device, num_tokens, hc, hidden, mask):
 def test_partials_follow_set_num_sms():
     x, kv, wh, we, g, _ = inputs(500, 4, 1024, "cuda")
     full = kernel_grads(x, kv, wh, we, g, None)
-    assert full[4].shape[0] == num_partials(500, 4, 1024) == min(500, 4 * tilebake.get_num_sms() // 4)
+    per_sm = CTAS_PER_SM[4096]  # hidden 1024: the 4096 class
+    assert full[4].shape[0] == num_partials(500, 4, 1024) == min(500, per_sm * tilebake.get_num_sms() // 4)
     tilebake.set_num_sms(7)
     few = kernel_grads(x, kv, wh, we, g, None)
-    assert few[4].shape[0] == 7 * 4 // 4
+    assert few[4].shape[0] == 7 * per_sm // 4
     assert torch.equal(few[0], full[0]) and torch.equal(few[1], full[1])
     assert_close_scaled(few[2], full[2].cpu().double(), 1e-5, "grad_wh over 7 partials")  # another order
 

@@ -44,3 +44,23 @@ def test_rejects_bad_arguments():
         tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, torch.zeros(23, 256))
     with pytest.raises(ValueError, match=r"normw_grad must have shape \(256,\)"):
         tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, torch.zeros(24, 256), None, torch.zeros(24))
+
+
+@pytest.mark.gpu
+def test_rejects_misaligned_views_on_cuda():
+    """The kernels move 16-byte vectors: a view one element into its buffer is refused by name."""
+
+    def off_by_one(*shape):
+        return torch.randn(torch.Size(shape).numel() + 1, device="cuda")[1:].view(shape)
+
+    fn, w = torch.randn(24, 256, device="cuda"), torch.randn(256, device="cuda")
+    with pytest.raises(ValueError, match="fn's data must be 16-byte aligned"):
+        tilebake.mhc.mhc_fn_normw_merge_fwd(off_by_one(24, 256), w)
+    with pytest.raises(ValueError, match="normw's data must be 16-byte aligned"):
+        tilebake.mhc.mhc_fn_normw_merge_fwd(fn, off_by_one(256))
+    with pytest.raises(ValueError, match="out_fn's data must be 16-byte aligned"):
+        tilebake.mhc.mhc_fn_normw_merge_fwd(fn, w, off_by_one(24, 256))
+    with pytest.raises(ValueError, match="out_fn_grad's data must be 16-byte aligned"):
+        tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, off_by_one(24, 256))
+    with pytest.raises(ValueError, match="fn_grad's data must be 16-byte aligned"):
+        tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, torch.randn_like(fn), off_by_one(24, 256))
