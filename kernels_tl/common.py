@@ -6,7 +6,7 @@ REDUCE_THREADS = 256
 REDUCE_WARPS = REDUCE_THREADS // 32
 REDUCE_VEC = 4  # fp32 columns a lane owns: a warp covers 128 columns
 REDUCE_COLS = 32 * REDUCE_VEC  # columns a CTA covers
-REDUCE_UNROLL = 8  # partial rows a lane loads before adding them (latency-bound: few CTAs, long columns of rows)
+REDUCE_UNROLL = 4  # partial rows a lane loads before adding them
 
 
 @T.macro
