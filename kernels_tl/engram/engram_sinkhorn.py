@@ -154,11 +154,10 @@ def _step(v, cfg=None):
         """cp.async of row r's columns of this thread into buf[slot] (zeros past the matrix)."""
         for p in T.unroll(PASSES):
             col = p * PASS + tx * VEC
-            if p * PASS < num_cols:  # (passes past the row: no copies, no reads, no arithmetic)
-                T.ptx_cp_async(
-                    T.access_ptr(buf[slot, col], "w", VEC), T.access_ptr(M[r, col], "r", VEC), VEC,
-                    predicate=r < num_rows and col < num_cols,
-                )  # fmt: skip
+            T.ptx_cp_async(
+                T.access_ptr(buf[slot, col], "w", VEC), T.access_ptr(M[r, col], "r", VEC), VEC,
+                predicate=r < num_rows and col < num_cols,
+            )  # fmt: skip
         T.ptx_commit_group()
 
     @T.macro
@@ -166,9 +165,8 @@ def _step(v, cfg=None):
         """Row r's columns of this thread into ms (from buf[slot] when staged; 0 past the matrix)."""
         for p in T.unroll(PASSES):
             if STAGES > 1:
-                if p * PASS < num_cols:
-                    for j in T.vectorized(VEC):
-                        ms[p, j] = buf[slot, p * PASS + tx * VEC + j]
+                for j in T.vectorized(VEC):
+                    ms[p, j] = buf[slot, p * PASS + tx * VEC + j]
             elif r < num_rows and p * PASS + tx * VEC < num_cols:
                 for j in T.vectorized(VEC):
                     ms[p, j] = M[r, p * PASS + tx * VEC + j]
@@ -223,10 +221,9 @@ def _step(v, cfg=None):
                 rs_next = T.if_then_else(r + num_ctas < rows, RS[T.min(r + num_ctas, rows - 1)], T.float32(0))
                 ss = T.float32(0)
                 for p in T.unroll(PASSES):
-                    if p * PASS < cols:
-                        for j in T.unroll(VEC):
-                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
-                            ss = T.ieee_fmaf(it, it, ss)
+                    for j in T.unroll(VEC):
+                        it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
+                        ss = T.ieee_fmaf(it, it, ss)
                 # The CTA's sum of squares: a butterfly in each warp, then the warps' partials in
                 # order (red by row parity: one barrier a row).
                 for s in T.unroll(5):
@@ -245,10 +242,9 @@ def _step(v, cfg=None):
                     NORM[r] = norm
                     RS[r] = rs
                 for p in T.unroll(PASSES):
-                    if p * PASS < cols:
-                        for j in T.unroll(VEC):
-                            it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
-                            acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
+                    for j in T.unroll(VEC):
+                        it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
+                        acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
                 if STAGES > 1:  # row k's slot was read before the barrier: refill it
                     fetch(M, buf, r + STAGES * num_ctas, k % STAGES, tx, rows, cols)
                 load(M, buf, r + num_ctas, (k + 1) % STAGES, tx, ms, rows, cols)
