@@ -3,6 +3,8 @@ same splits: fn goes through bf16 hi + lo parts, so 16 mantissa bits) and mhc_pr
 (residual_grad accumulated in place, fn_grad summed over tokens in a fixed order), on the CPU
 and the GPU; argument errors on the CPU."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -97,3 +99,21 @@ def test_rejects_bad_arguments():
         bwd(residual, fn, torch.zeros(5, 24), torch.zeros(4))
     with pytest.raises(ValueError, match=r"residual_grad must have shape \(5, 4, 64\)"):
         bwd(residual, fn, torch.zeros(5, 24), torch.zeros(5), torch.zeros(5, 4, 63).bfloat16())
+
+
+@pytest.mark.gpu
+def test_forward_plans_keep_to_their_variant():
+    """A call plan built for the 80-mix kernel is not used for 3 mixes (the 24-mix kernel's tile
+    sums the squares in another order): the bits do not depend on which call came first."""
+    gemm = importlib.import_module("tilebake.mhc.mhc_pre_norm_gemm")
+    residual, fn3 = inputs((65,), 1, 128, 3, "cuda")
+    fn80 = torch.randn(80, 128, device="cuda")
+    gemm._PLANS.clear()
+    want = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn3, 1)
+    gemm._PLANS.clear()
+    for _ in range(2):  # the second call through the plan the first one built
+        tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn80, 1)
+    for _ in range(2):
+        got = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn3, 1)
+        assert_bytes_equal(got[0].cpu(), want[0].cpu(), "out_mul_splitted")
+        assert_bytes_equal(got[1].cpu(), want[1].cpu(), "sqrsum_splitted")

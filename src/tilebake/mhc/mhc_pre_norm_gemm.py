@@ -53,7 +53,7 @@ class MhcPreNormGemmVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPreNormGemmVariant)
-_PLANS = plan.cache()  # the forward's: by rank, n_splits and which outputs are given
+_PLANS = plan.cache()  # the forward's: by rank, n_splits, which outputs are given and the variant class
 
 
 def _max_mult(num_mixes: int) -> int:
@@ -90,6 +90,13 @@ def _check_splits(n_splits) -> int:
     return n_splits
 
 
+def _key(residual, fn, n_splits, out_mul_splitted, sqrsum_splitted):
+    """The forward's plan key; the variant class in it (a plan of the other class's kernel would
+    sum in another order)."""
+    return ("fwd", residual.ndim, n_splits, n_splits.__class__, out_mul_splitted is None, sqrsum_splitted is None,
+            fn.shape[0] <= MAX_MULTS[0] * (MAX_MULTS[0] + 2))  # fmt: skip
+
+
 def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: int = 16,
                           out_mul_splitted: Optional[torch.Tensor] = None,
                           sqrsum_splitted: Optional[torch.Tensor] = None):  # fmt: skip
@@ -98,10 +105,9 @@ def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: in
     0] = sum of x_s[t]^2 over split s's columns (T: residual's leading dims flattened). fn is used
     as bf16 hi + lo parts (16 mantissa bits). Written into the given tensors, else allocated.
     """
-    key = ("fwd", residual.ndim, n_splits, n_splits.__class__, out_mul_splitted is None, sqrsum_splitted is None)
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS[key]
+            call = _PLANS[_key(residual, fn, n_splits, out_mul_splitted, sqrsum_splitted)]
         except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
@@ -139,8 +145,9 @@ def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: in
     for t, given in ((out_mul, out_mul_splitted), (sqrsum, sqrsum_splitted)):
         if given is not None:
             plan.bump(t)
-    plan.remember(_PLANS, key, _plans_norm.pre_norm_gemm_fwd, kernel, residual.get_device(), residual.ndim - 2,
-                  n_splits, key[4] is False, key[5] is False)  # fmt: skip
+    plan.remember(_PLANS, _key(residual, fn, n_splits, out_mul_splitted, sqrsum_splitted), _plans_norm.pre_norm_gemm_fwd,
+                  kernel, residual.get_device(), residual.ndim - 2, n_splits, out_mul_splitted is not None,
+                  sqrsum_splitted is not None)  # fmt: skip
     return out_mul, sqrsum
 
 
