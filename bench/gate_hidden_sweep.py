@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from tune_engram_gate import gate_inputs  # noqa: E402
 
 import tilebake  # noqa: E402
 
@@ -24,10 +25,7 @@ def main():
     for hidden in (256, 1024, 2048, 4096, 5120, 7168, 8192, 12288, 16384):
         bufs = []
         for _ in range(2):
-            x = torch.randn(T, HC, hidden, device="cuda").bfloat16()
-            kv = torch.randn(T, HC + 1, hidden, device="cuda").bfloat16()
-            w = torch.rand(HC, hidden, device="cuda") + 0.5
-            g = torch.randn(T, HC, hidden, device="cuda").bfloat16()
+            x, kv, w, g = gate_inputs(T, HC, hidden)
             saved = tilebake.engram.engram_gate_fwd(x, kv, w, EPS, CLAMP, save_for_backward=True)[1:]
             bufs.append((x, kv, w, g, saved))
         fwd = harness.time_graph(lambda x, kv, w, g, s: tilebake.engram.engram_gate_fwd(x, kv, w, EPS, CLAMP), bufs)

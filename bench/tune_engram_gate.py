@@ -43,6 +43,16 @@ def build(out: Path):
                 print("built", stem, flush=True)
 
 
+def gate_inputs(T, hc, H):
+    """(x, kv, fused weight, grad_out) on the GPU: the gate's inputs at (T, hc, H)."""
+    import torch
+
+    x = torch.randn(T, hc, H, device="cuda").bfloat16()
+    kv = torch.randn(T, hc + 1, H, device="cuda").bfloat16()
+    w = torch.rand(hc, H, device="cuda") + 0.5
+    return x, kv, w, torch.randn(T, hc, H, device="cuda").bfloat16()
+
+
 class Candidate:
     """A tuning cubin called like loader.Kernel (device, *args in the declared order)."""
 
@@ -88,15 +98,12 @@ def run(out: Path):
     mods = {"fwd": fwd_mod, "bwd": bwd_mod}
     ctas_per_sm = dict(fwd_mod.CTAS_PER_SM), dict(bwd_mod.CTAS_PER_SM)
     candidates = [(p.stem, json.loads(p.read_text())) for p in sorted((out / "sm_90a").glob("*.cfg"))]
-    shapes = [(cls, shape) for cls in sorted({cfg['max_hidden'] for _, cfg in candidates}, reverse=True) for shape in SHAPES[cls]]
+    shapes = [(cls, shape) for cls in sorted({cfg["max_hidden"] for _, cfg in candidates}, reverse=True) for shape in SHAPES[cls]]
     for max_hidden, shape in shapes:
         T, hc, H = shape
         bufs = []
         for _ in range(2):
-            x = torch.randn(T, hc, H, device="cuda").bfloat16()
-            kv = torch.randn(T, hc + 1, H, device="cuda").bfloat16()
-            w = torch.rand(hc, H, device="cuda") + 0.5
-            g = torch.randn(T, hc, H, device="cuda").bfloat16()
+            x, kv, w, g = gate_inputs(T, hc, H)
             bufs.append((x, kv, w, g, ref.engram_gate_fwd_ref(x, kv, w, 1e-6, 1e-4)))
         fwd_bytes = T * (3 * hc + 1) * H * 2  # x, k, v read; out written
         bwd_bytes = T * (5 * hc + 2) * H * 2  # g, x, k, v read; dx, dk, dv written
