@@ -22,7 +22,7 @@ def main():
     copy = harness.copy_bandwidth_gbs()
     print(f"copy {copy:.0f} GB/s; T = {T}, hc = {HC}; GPU time of CUDA-graph replays")
     print("| hidden | fwd us | fwd % of copy | bwd us | bwd % of copy |")
-    for hidden in (256, 1024, 2048, 4096, 5120, 7168, 8192, 12288, 16384):
+    for hidden in (256, 512, 1024, 1536, 2048, 3072, 4096, 5120, 7168, 8192, 12288, 16384):
         bufs = []
         for _ in range(2):
             x, kv, w, g = gate_inputs(T, HC, hidden)

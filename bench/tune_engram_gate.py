@@ -1,6 +1,7 @@
 """Launch-config search for the Engram gate kernels (kernels_tl/engram/engram_gate_{fwd,bwd}.py
 candidate_configs(max_hidden)): the 8192 class at the original's benchmark shape (8001 tokens, hc 4,
-hidden 7168) and at hidden 5120, the 4096 class at hidden 4096 and 2560.
+hidden 7168) and at hidden 5120, the 4096 class at hidden 4096 and 2560, the 2048 class at 2048 and
+1536, the 1024 class at 1024 and 768, the 512 class at 512 and 256 (SHAPES).
 
 python bench/tune_engram_gate.py build DIR [fwd,bwd] [8192,4096]  # build host: lower + nvcc every candidate (sm_90a)
 python bench/tune_engram_gate.py run DIR     # GPU: each candidate through the public op (its
@@ -14,7 +15,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {8192: [(8001, 4, 7168), (8001, 4, 5120)], 4096: [(8001, 4, 4096), (8001, 4, 2560)]}
+SHAPES = {8192: [(8001, 4, 7168), (8001, 4, 5120)], 4096: [(8001, 4, 4096), (8001, 4, 2560)],
+          2048: [(8001, 4, 2048), (8001, 4, 1536)], 1024: [(8001, 4, 1024), (8001, 4, 768)],
+          512: [(8001, 4, 512), (8001, 4, 256)]}
 STAGES = ("fwd", "bwd")
 
 

@@ -42,8 +42,14 @@ class LaunchConfig:
 # The H200 sweep (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session4/), 8001
 # tokens x hc 4: 256 threads, 3 CTAs a SM, v loaded with x and k: 386.6 us at hidden 7168 (90.4% of
 # copy bandwidth; 4 CTAs: 385.0), 261.2 at 5120 (4 CTAs: 272.6); v after the reduction 432-456, 128
-# threads x 6-8 CTAs 456-922. The other classes take the same registers a thread.
+# threads x 6-8 CTAs 456-922. Short rows want small CTAs, many a SM (session9/call1-2, 8001 x 4): the
+# 512 class at 32 threads x 32 CTAs 32.0 / 21.2 us at 512 / 256 (64 threads: 33.6 / 32.5), the 1024
+# class 32 x 24 56.3 / 44.6 at 1024 / 768 (128 x 12: 61.5 / 57.7), the 2048 class 128 x 8 106.5 at
+# 2048 (256 x 6: 124.7), 86.6 at 1536.
 CONFIGS = {
+    512: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[512], v_ahead=True),
+    1024: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[1024], v_ahead=True),
+    2048: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[2048], v_ahead=True),
     4096: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[4096], v_ahead=True),
     8192: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[8192], v_ahead=True),
     16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], v_ahead=True),
@@ -51,7 +57,15 @@ CONFIGS = {
 
 
 def candidate_configs(max_hidden=8192):
-    """The search space of `python bench/tune_engram_gate.py build|run DIR` (the 8192 class only)."""
+    """The search space of `python bench/tune_engram_gate.py build|run DIR` for a class."""
+    if max_hidden == 512:
+        return [LaunchConfig(t, 8, m, True) for t, m in ((32, 16), (32, 24), (32, 32), (64, 16), (64, 24), (64, 32))]
+    if max_hidden == 1024:
+        return [LaunchConfig(t, 8, m, True) for t, m in ((128, 12), (64, 16), (64, 24), (32, 24), (32, 32))]
+    if max_hidden == 2048:
+        return [LaunchConfig(t, 8, m, True) for t, m in ((128, 8), (64, 12), (64, 16))]
+    if max_hidden == 4096:
+        return [LaunchConfig(t, 8, m, True) for t, m in ((128, 6), (128, 8), (64, 8), (64, 12))]
     if max_hidden != 8192:
         return []
     return [

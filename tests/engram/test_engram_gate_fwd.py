@@ -10,7 +10,7 @@ import tilebake
 from tilebake.torch.engram import engram_gate_fwd_ref
 
 EPS, CLAMP = 1e-6, 1e-4
-SHAPES = [(1, 4, 7168), (8001, 4, 7168), (65536, 1, 256), (37, 1, 256), (19, 2, 4096), (5, 8, 16384), (3, 3, 264), (2, 4, 100)]
+SHAPES = [(1, 4, 7168), (8001, 4, 7168), (65536, 1, 256), (37, 1, 256), (19, 2, 4096), (5, 8, 16384), (3, 3, 264), (2, 4, 100), (123, 8, 1024), (777, 4, 1544)]
 
 
 def inputs(num_tokens, hc, hidden, device, mask=False):

@@ -31,7 +31,7 @@ from tilebake.engram.engram_gate_fwd import (
 )
 
 # Resident CTAs a SM of each variant's persistent grid (kernels_tl/engram/engram_gate_bwd.py CONFIGS).
-CTAS_PER_SM = {4096: 2, 8192: 1, 16384: 1}
+CTAS_PER_SM = {512: 16, 1024: 8, 2048: 4, 4096: 2, 8192: 1, 16384: 1}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,10 @@ from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.engram._common import MAX_HC, check_same_device, check_tensor, dense
 
 # The kernels keep a head's row in registers: one variant per row length class (the smallest
-# that holds H is launched), so a short row does not take the registers of a long one.
-HIDDEN_CLASSES = (4096, 8192, 16384)
+# that holds H is launched), so a short row does not take the registers of a long one, and the
+# short classes' small CTAs fit many a SM (rows below 2048 are too short to keep the memory
+# system busy with a few CTAs, each walking its tokens one after another).
+HIDDEN_CLASSES = (512, 1024, 2048, 4096, 8192, 16384)
 MAX_HIDDEN = HIDDEN_CLASSES[-1]
 
 
@@ -35,7 +37,7 @@ def hidden_class(hidden: int) -> int:
 
 
 # Resident CTAs a SM of each variant's persistent grid (kernels_tl/engram/engram_gate_fwd.py CONFIGS).
-CTAS_PER_SM = {4096: 6, 8192: 3, 16384: 1}
+CTAS_PER_SM = {512: 32, 1024: 24, 2048: 8, 4096: 6, 8192: 3, 16384: 1}
 
 
 def ctas_per_head(num_tokens: int, hc: int, hidden: int) -> int:
