@@ -54,13 +54,14 @@ class LaunchConfig:
 # unstaged 128 x 4 and 478.3 for 512 x 1. The 16384 class has no room for two staged tokens: unstaged.
 # Short rows want small CTAs, many a SM (session9/call1-2, 8001 x 4): the 512 class at 32 threads x 16
 # 57.0 / 39.9 us at 512 / 256 (64 threads x 16: 72.0 / 68.6), the 1024 class 32 x 8 100.1 / 75.1 at
-# 1024 / 768 (64 x 6, 3 stages: 99.3 / 93.0; 128 x 6: 112.6 at 1024), the 2048 class 128 x 4 198.3 /
-# 153.7 at 2048 / 1536 (256 x 3, 3 stages: 222.4 / 202.7), the 4096 class 128 x 2 386.2 / 274.2 at
-# 4096 / 2560 (256 x 2: 395.4 / 288.3).
+# 1024 / 768 (64 x 6, 3 stages: 99.3 / 93.0; 128 x 6: 112.6 at 1024), the 2048 class 64 x 4 192.3 /
+# 144.8 at 2048 / 1536 (128 x 4: 198.3-219.7 / 153.5; 256 x 3, 3 stages: 222.4 / 202.7), the 4096
+# class 128 x 2 386.2 / 274.2 at 4096 / 2560 (256 x 2: 395.4 / 288.3). The 16384 class: 512 threads
+# 2291.5 / 1886.3 us at 16384 / 12288 (1024 threads: 2742.3 / 2349.5).
 CONFIGS = {
     512: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[512], stages=2, dw_in_smem=False),
     1024: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[1024], stages=2, dw_in_smem=False),
-    2048: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[2048], stages=2, dw_in_smem=False),
+    2048: LaunchConfig(threads=64, vec=8, ctas_per_sm=CTAS_PER_SM[2048], stages=2, dw_in_smem=False),
     4096: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[4096], stages=2, dw_in_smem=False),
     8192: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[8192], stages=2, dw_in_smem=False),
     16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True),
@@ -78,6 +79,8 @@ def candidate_configs(max_hidden=8192):
         return [LaunchConfig(t, 8, c, s, False) for t, c, s in ((128, 4, 2), (64, 4, 2), (32, 4, 2))]
     if max_hidden == 4096:
         return [LaunchConfig(t, 8, 2, 2, False) for t in (128, 256)]
+    if max_hidden == 16384:  # no room for two staged tokens
+        return [LaunchConfig(t, 8, 1, 1, True) for t in (512, 1024)]
     return [LaunchConfig(256, 8, 2, 1, True)] + [LaunchConfig(t, 8, 1, 2, False) for t in (256, 512)]
 
 
