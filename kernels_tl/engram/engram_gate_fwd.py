@@ -4,7 +4,7 @@ Persistent, one head a CTA: num_ctas_per_head x hc CTAs, CTA b taking head h = b
 c, c + num_ctas_per_head, ... (c = b // hc), so the hc CTAs of a token run side by side (v: one
 HBM read, the rest L2 hits). The head's fused weight row is loaded once into shared memory (each
 thread its own columns: no barrier), not once a token. THREADS threads, each owning VEC
-contiguous elements per pass; PASSES passes cover the variant's max_hidden (4096, 8192 or
+contiguous elements per pass; PASSES passes cover the variant's max_hidden (512 to
 16384: the registers a row takes). Per token, the x and k rows (and v's, with v_ahead) are
 loaded whole, every pass's loads before the first use, and x stays in registers for the output.
 Per thread, in fp32 and pass order: sum x^2, sum k^2 and sum (x * k) * w; a butterfly in each
