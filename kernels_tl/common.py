@@ -10,34 +10,36 @@ REDUCE_UNROLL = 4  # partial rows a lane loads before adding them
 
 
 @T.macro
-def sum_partial_rows(P, num_partials, num_cols, col0, acc, rows, red, tx):
+def sum_partial_rows(P, num_partials, num_cols, col0, acc, rows, red, tx, vec):
     """acc[:] = the sum over the num_partials rows of P (a (num_partials, num_cols) fp32 tensor) of the
-    REDUCE_VEC columns col0 + (tx % 32) * REDUCE_VEC ..., in a fixed order: warp w adds rows
+    `vec` columns col0 + (tx % 32) * vec ..., in a fixed order: warp w adds rows
     w, w + REDUCE_WARPS, ... in row order (REDUCE_UNROLL loads in flight), then the warps' sums
-    are added in warp order (through `red`, a (REDUCE_WARPS, REDUCE_COLS) fp32 shared buffer).
+    are added in warp order (through `red`, a (REDUCE_WARPS, 32 * vec) fp32 shared buffer).
     Every thread of the CTA ends with the same acc for its lane's columns (0 past num_cols; the
-    caller ensures num_cols % 4 == 0). The size arguments keep the names of the kernels' dynamic
-    sizes: TileLang names a size after the macro parameter it is passed to."""
+    caller ensures num_cols % vec == 0). A CTA covers 32 * vec columns: a narrower vec spreads a
+    short reduction over more CTAs (more SMs pulling) without changing any column's order. The size
+    arguments keep the names of the kernels' dynamic sizes: TileLang names a size after the macro
+    parameter it is passed to."""
     w = tx // 32
-    c = col0 + (tx % 32) * REDUCE_VEC
-    for j in T.unroll(REDUCE_VEC):
+    c = col0 + (tx % 32) * vec
+    for j in T.unroll(vec):
         acc[j] = T.float32(0)
     for k in T.serial(T.ceildiv(T.ceildiv(num_partials - w, REDUCE_WARPS), REDUCE_UNROLL)):
         for u in T.unroll(REDUCE_UNROLL):
             if w + (k * REDUCE_UNROLL + u) * REDUCE_WARPS < num_partials and c < num_cols:
-                for j in T.vectorized(REDUCE_VEC):
+                for j in T.vectorized(vec):
                     rows[u, j] = P[w + (k * REDUCE_UNROLL + u) * REDUCE_WARPS, c + j]
             else:
-                for j in T.unroll(REDUCE_VEC):
+                for j in T.unroll(vec):
                     rows[u, j] = T.float32(0)
         for u in T.unroll(REDUCE_UNROLL):
-            for j in T.unroll(REDUCE_VEC):
+            for j in T.unroll(vec):
                 acc[j] = T.ieee_add(acc[j], rows[u, j])
-    for j in T.vectorized(REDUCE_VEC):
-        red[w, (tx % 32) * REDUCE_VEC + j] = acc[j]
+    for j in T.vectorized(vec):
+        red[w, (tx % 32) * vec + j] = acc[j]
     T.sync_threads()
-    for j in T.unroll(REDUCE_VEC):
-        acc[j] = red[0, (tx % 32) * REDUCE_VEC + j]
+    for j in T.unroll(vec):
+        acc[j] = red[0, (tx % 32) * vec + j]
     for v in T.unroll(REDUCE_WARPS - 1):
-        for j in T.unroll(REDUCE_VEC):
-            acc[j] = T.ieee_add(acc[j], red[v + 1, (tx % 32) * REDUCE_VEC + j])
+        for j in T.unroll(vec):
+            acc[j] = T.ieee_add(acc[j], red[v + 1, (tx % 32) * vec + j])

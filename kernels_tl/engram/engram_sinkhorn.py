@@ -10,7 +10,7 @@
   row_scale /= norm + eps, and each thread adds ((row_scale * M) * col_scale)^2 of its columns to
   registers, written once to the CTA's row of the partials: the sums run in a fixed order.
 - step_reduce: kernels_tl/common.py's sum_partial_rows (a fixed order: 8 warps take
-  every 8th row, then the warps' sums in warp order), 128 columns a CTA.
+  every 8th row, then the warps' sums in warp order), 32 columns a CTA.
 - finalize: one CTA per row: alpha * (row_scale / (norm + eps)) * M * col_scale.
 """
 
@@ -18,14 +18,7 @@ import dataclasses
 
 import tilelang.language as T
 
-from kernels_tl.common import (
-    REDUCE_COLS,
-    REDUCE_THREADS,
-    REDUCE_UNROLL,
-    REDUCE_VEC,
-    REDUCE_WARPS,
-    sum_partial_rows,
-)
+from kernels_tl.common import REDUCE_THREADS, REDUCE_UNROLL, REDUCE_WARPS, sum_partial_rows
 from tilebake.engram.engram_sinkhorn import MAX_COLS, STEP_CTAS_PER_SM, EngramSinkhornVariant
 
 THREADS = 256
@@ -256,25 +249,33 @@ def _step(v, cfg=None):
     return step_kernel
 
 
+# step_reduce: a lane's columns. 1, so a CTA covers 32 columns: at 5120 columns 160 CTAs pull the
+# partials from every SM (with 4, 40 CTAs did, and reading 8 rows a lane ahead instead of 4 gained
+# nothing: session8/call4). Each column's order of additions is the same for any width.
+STEP_REDUCE_VEC = 1
+
+
 def _step_reduce(v):
     parts = T.dynamic("num_partials")
     cols = T.dynamic("num_cols")
+    RVEC = STEP_REDUCE_VEC
+    RCOLS = 32 * RVEC
 
     @T.prim_func
     def step_reduce_kernel(
         P: T.Tensor((parts, cols), "float32"),
         OUT: T.Tensor((cols,), "float32"),
     ):
-        with T.Kernel(T.ceildiv(cols, REDUCE_COLS), threads=REDUCE_THREADS) as b:
+        with T.Kernel(T.ceildiv(cols, RCOLS), threads=REDUCE_THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(cols % 4 == 0)
-            acc = T.alloc_local((REDUCE_VEC,), "float32")
-            rows = T.alloc_local((REDUCE_UNROLL, REDUCE_VEC), "float32")
-            red = T.alloc_shared((REDUCE_WARPS, REDUCE_COLS), "float32")
-            sum_partial_rows(P, parts, cols, b * REDUCE_COLS, acc, rows, red, tx)
-            c = b * REDUCE_COLS + tx * REDUCE_VEC
+            acc = T.alloc_local((RVEC,), "float32")
+            rows = T.alloc_local((REDUCE_UNROLL, RVEC), "float32")
+            red = T.alloc_shared((REDUCE_WARPS, RCOLS), "float32")
+            sum_partial_rows(P, parts, cols, b * RCOLS, acc, rows, red, tx, RVEC)
+            c = b * RCOLS + tx * RVEC
             if tx < 32 and c < cols:
-                for j in T.vectorized(REDUCE_VEC):
+                for j in T.vectorized(RVEC):
                     OUT[c + j] = acc[j]
 
     return step_reduce_kernel

@@ -43,7 +43,7 @@ def build(v: GradWReduceVariant):
             we = T.alloc_local((REDUCE_VEC,), "bfloat16")
             gh = T.alloc_local((REDUCE_VEC,), "float32")
             ge = T.alloc_local((REDUCE_VEC,), "float32")
-            sum_partial_rows(P, parts, n, b * REDUCE_COLS, acc, rows, red, tx)
+            sum_partial_rows(P, parts, n, b * REDUCE_COLS, acc, rows, red, tx, REDUCE_VEC)
             col = b * REDUCE_COLS + tx * REDUCE_VEC
             if tx < 32 and col < n:
                 for j in T.vectorized(REDUCE_VEC):

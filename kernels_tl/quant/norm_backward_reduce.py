@@ -32,7 +32,7 @@ def build(v: NormBackwardReduceVariant):
             red = T.alloc_shared((REDUCE_WARPS, REDUCE_COLS), "float32")
             given = T.alloc_local((REDUCE_VEC,), dtype)
             out = T.alloc_local((REDUCE_VEC,), dtype)
-            sum_partial_rows(P, parts, n, b * REDUCE_COLS, acc, rows, red, tx)
+            sum_partial_rows(P, parts, n, b * REDUCE_COLS, acc, rows, red, tx, REDUCE_VEC)
             col = b * REDUCE_COLS + tx * REDUCE_VEC
             if tx < 32 and col < n:
                 if accumulate != 0:
