@@ -1,15 +1,15 @@
 """expand_to_mhc: the forward broadcasts each 8-column vector of x to the m streams; the
 backward sums the m streams' vectors in fp32, in stream order (the first one loaded as is, so a
 single stream's -0.0 stays -0.0), rounded to bf16 once. The forward: a thread VPT vectors of the
-flattened (tokens x hidden / 8) vectors, loaded before any store; the backward: a thread a vector,
-a CTA a token's THREADS vectors (grid: tokens x column blocks; the flattened two-vector form
+flattened (tokens x hidden / 8) vectors, loaded before any store; the backward: a thread a vector
+(its m streams' loads all issued before the first add), a CTA a token's THREADS vectors (grid: tokens x column blocks; the flattened two-vector form
 measured 6% slower there, bench/results/2026-12-02-NVIDIA-H200/session7/). As TileLang factories
 (build time only).
 """
 
 import tilelang.language as T
 
-from tilebake.mhc._common import VEC
+from tilebake.mhc._common import MAX_MHC_MULT, VEC
 from tilebake.mhc.expand_to_mhc import ExpandToMhcVariant
 
 THREADS = 128
@@ -50,20 +50,23 @@ def build(v: ExpandToMhcVariant):
         with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            gs = T.alloc_local((VEC,), "bfloat16")
+            gs = T.alloc_local((MAX_MHC_MULT, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
             c = (b * THREADS + tx) * VEC
             if c < h:
-                for j in T.vectorized(VEC):
-                    gs[j] = OG[t, 0, c + j]
+                # every stream's vector in flight before the first add (a loop over the run-time m
+                # issued one load per add)
+                for i in T.unroll(MAX_MHC_MULT):
+                    if i < m:
+                        for j in T.vectorized(VEC):
+                            gs[i, j] = OG[t, i, c + j]
                 for j in T.unroll(VEC):
-                    acc[j] = T.cast(gs[j], "float32")
-                for i in T.serial(m - 1):
-                    for j in T.vectorized(VEC):
-                        gs[j] = OG[t, i + 1, c + j]
-                    for j in T.unroll(VEC):
-                        acc[j] = T.ieee_add(acc[j], T.cast(gs[j], "float32"))
+                    acc[j] = T.cast(gs[0, j], "float32")
+                for i in T.unroll(MAX_MHC_MULT - 1):
+                    if i + 1 < m:
+                        for j in T.unroll(VEC):
+                            acc[j] = T.ieee_add(acc[j], T.cast(gs[i + 1, j], "float32"))
                 for j in T.unroll(VEC):
                     ys[j] = T.cast(acc[j], "bfloat16")
                 for j in T.vectorized(VEC):
