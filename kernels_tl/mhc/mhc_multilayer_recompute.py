@@ -12,8 +12,6 @@ kernels does, so the results are theirs bit for bit. DRAM traffic: the initial r
 layer's output read and its input and residual written; the mixes go through shared memory.
 """
 
-import dataclasses
-
 import tilelang.language as T
 from tvm.script.ir_builder import tirx as ir
 
@@ -22,35 +20,16 @@ from tilebake.mhc.mhc_multilayer_recompute import LAYER_PARAMS, LMAX, MhcMultila
 
 THREADS = 128
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
+# CTAs an SM asked of ptxas, by max_mult: 5 holds m <= 4 to 96 registers without spills (20 warps
+# an SM rather than 16); m <= 8 needs about 168.
+MIN_CTAS = {4: 5, 8: 1}
 
 
-@dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    min_ctas: int  # CTAs an SM asked of ptxas (its register budget)
-    # Layer outputs a thread keeps in flight. A thread has nothing else to read: with one (the
-    # next layer's) an SM kept about 10 KB in flight, far from what its share of the bandwidth needs.
-    ahead: int
+def build(v: MhcMultilayerRecomputeVariant):
+    return _kernel(v.max_mult)
 
 
-# By max_mult: 5 CTAs an SM hold m <= 4 to 96 registers (20 warps an SM rather than 16); m <= 8
-# needs about 168 registers at one output ahead.
-CONFIGS = {4: LaunchConfig(min_ctas=5, ahead=1), 8: LaunchConfig(min_ctas=1, ahead=1)}
-
-
-def candidate_configs(v):
-    """The search space of `python bench/candidates.py build mhc_multilayer_recompute DIR`."""
-    if v.max_mult == 8:
-        return [LaunchConfig(1, a) for a in (1, 3)]
-    return [LaunchConfig(c, a) for c, a in ((5, 1), (5, 2), (4, 3), (4, 4), (3, 6))]
-
-
-def build(v: MhcMultilayerRecomputeVariant, cfg: LaunchConfig | None = None):
-    return _kernel(v.max_mult, cfg or CONFIGS[v.max_mult])
-
-
-def _kernel(MAX_M, cfg):
-    AHEAD = cfg.ahead
-    RING = AHEAD + 1  # layer l + AHEAD's buffer is the one layer l - 1 consumed
+def _kernel(MAX_M):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")
@@ -76,12 +55,12 @@ def _kernel(MAX_M, cfg):
             [ir.arg(f"{name}{l}", T.Tensor(*shapes[name])) for l in LAYERS] for name in LAYER_PARAMS
         )
         with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
-            T.annotate_min_blocks_per_sm(cfg.min_ctas)
+            T.annotate_min_blocks_per_sm(MIN_CTAS[MAX_M])
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
             mix = T.alloc_shared((LMAX, MIXES), "float32")
             rs = T.alloc_local((2, MAX_M, VEC), "bfloat16")  # layer l reads rs[l % 2], its post writes rs[1 - l % 2]
-            xs = T.alloc_local((RING, VEC), "bfloat16")  # layer l's output in xs[l % RING], AHEAD more on their way
+            xs = T.alloc_local((2, VEC), "bfloat16")  # layer l's output in xs[l % 2], the next one's on its way
             rf = T.alloc_local((MAX_M, VEC), "float32")  # the layer's residual, converted once
             xf = T.alloc_local((VEC,), "float32")
             acc = T.alloc_local((VEC,), "float32")
@@ -96,10 +75,9 @@ def _kernel(MAX_M, cfg):
                     if i < m:
                         for j in T.vectorized(VEC):
                             rs[0, i, j] = R0[t, i, vec * VEC + j]
-                for l in LAYERS[:AHEAD]:
-                    if l < num_post:
-                        for j in T.vectorized(VEC):
-                            xs[l, j] = LO[l][t, vec * VEC + j]
+                if num_post > 0:
+                    for j in T.vectorized(VEC):
+                        xs[0, j] = LO[0][t, vec * VEC + j]
             # Every layer's mixes of the token at once: one latency, not one a layer.
             for l in LAYERS:
                 if l < num_layers:
@@ -114,10 +92,10 @@ def _kernel(MAX_M, cfg):
             if vec * VEC < h:
                 for l in LAYERS:
                     p = l % 2
-                    if l + AHEAD < LMAX:
-                        if l + AHEAD < num_post:  # read under this and the next layers' work
+                    if l + 1 < LMAX:
+                        if l + 1 < num_post:  # the next layer's output read under this layer's work
                             for j in T.vectorized(VEC):
-                                xs[(l + AHEAD) % RING, j] = LO[l + AHEAD][t, vec * VEC + j]
+                                xs[1 - p, j] = LO[l + 1][t, vec * VEC + j]
                     if l < num_layers:  # the pre step
                         for i in T.unroll(MAX_M):
                             if i < m:
@@ -135,7 +113,7 @@ def _kernel(MAX_M, cfg):
                             LI[l][t, vec * VEC + j] = ys[j]
                     if l < num_post:  # the post step (num_post <= num_layers: rf is the residual's)
                         for j in T.unroll(VEC):
-                            xf[j] = T.cast(xs[l % RING, j], "float32")
+                            xf[j] = T.cast(xs[p, j], "float32")
                         for o in T.unroll(MAX_M):
                             if o < m:
                                 for j in T.unroll(VEC):
