@@ -17,8 +17,7 @@ before a barrier) is reported: the run stops with the CTA and the stuck threads,
 would hang or be undefined. Races inside a warp between barriers, and memory-model questions
 (caching, fences, the compiler's reordering), are not modelled: the GPU tests decide those.
 Device intrinsics beyond the collectives: __byte_perm, __vmaxu2, uint4 copies, tilelang's
-tl::clamp, tl::cp_async_* (each copy lands at the wait that retires its group), tilelang's mbarriers
-with 1-D bulk copies (tilebake_bulk_load: they land when their phase completes) and the cubins' e4m3
+tl::clamp, tl::cp_async_* (each copy lands at the wait that retires its group) and the cubins' e4m3
 conversion (cvt.rn.satfinite: nearest even, saturating to +-448).
 
     python build_tools/block_emu.py KERNEL.cu OUT.so
@@ -55,19 +54,19 @@ struct Dim { int x, y, z; };
 static Dim threadIdx, blockIdx, blockDim, gridDim;
 
 // --- fibers and barriers ---
-struct EmuBarrier { int need; int arrived; long gen; };
-struct Fiber { ucontext_t uc; bool done; EmuBarrier* waits; long gen; };
+struct Barrier { int need; int arrived; long gen; };
+struct Fiber { ucontext_t uc; bool done; Barrier* waits; long gen; };
 static ucontext_t g_sched;
 static std::vector<Fiber> g_fibers;
 static std::vector<char> g_stacks;
 static int g_cur;
 static long g_progress;
-static EmuBarrier g_block;
-static std::vector<EmuBarrier> g_warp;
+static Barrier g_block;
+static std::vector<Barrier> g_warp;
 static std::vector<unsigned long long> g_xchg;  // 32 slots a warp
 alignas(1024) static uchar g_smem[232448];
 
-static void wait_at(EmuBarrier& b) {
+static void wait_at(Barrier& b) {
   long gen = b.gen;
   ++g_progress;
   if (++b.arrived == b.need) { b.arrived = 0; ++b.gen; return; }
@@ -192,54 +191,6 @@ template <int N> void cp_async_wait() {
   }
 }
 }  // namespace tl
-// --- mbarriers (tilelang's Barrier, 8 bytes as on the GPU) and 1-D bulk copies: a phase completes
-// when its arrivals are in and its expected bytes have landed; a bulk copy's destination is
-// poisoned until a wait sees its phase complete ---
-struct MBarState { EmuBarrier done{0, 0, 0}; std::vector<AsyncCopy> copies; };
-static std::vector<std::pair<void*, MBarState>> g_mbar;  // by the barrier's address, per CTA
-static MBarState& mbar_state(void* b) {
-  for (auto& e : g_mbar) if (e.first == b) return e.second;
-  g_mbar.push_back({b, MBarState{}});
-  return g_mbar.back().second;
-}
-struct Barrier {
-  int tx; unsigned short need, arrived;
-  void init(int n) { tx = 0; need = (unsigned short)n; arrived = 0; mbar_state(this).done.gen = 0; }
-  void arrive_and_expect_tx(int bytes) { tx += bytes; arrive(); }
-  void arrive() { ++arrived; complete_if_done(); }
-  void complete_if_done() {
-    if (arrived < need || tx != 0) return;  // (copies still pending are counted in tx)
-    MBarState& st = mbar_state(this);
-    for (AsyncCopy& c : st.copies) std::memcpy(c.dst, c.src, c.n);
-    st.copies.clear();
-    arrived = 0;
-    ++st.done.gen;  // the phase's parity flips
-    ++g_progress;
-  }
-  void wait(int parity) {  // returns once the phase of this parity has completed
-    MBarState& st = mbar_state(this);
-    while ((st.done.gen & 1) == parity) {
-      if (arrived >= need && !st.copies.empty()) {  // the copies land as late as a waiter allows
-        for (AsyncCopy& c : st.copies) tx -= c.n;
-        complete_if_done();
-        continue;
-      }
-      Fiber& f = g_fibers[g_cur];
-      f.waits = &st.done;
-      f.gen = st.done.gen;
-      swapcontext(&f.uc, &g_sched);
-      f.waits = nullptr;
-    }
-  }
-};
-template <typename Bar> void tilebake_bulk_load(void* smem, const void* gmem, Bar& bar, int bytes) {
-  std::memset(smem, 0xA5, bytes);
-  mbar_state(&bar).copies.push_back({(uchar*)smem, (const uchar*)gmem, bytes, true});
-}
-namespace tl {
-template <int> bool tl_shuffle_elect() { return threadIdx.x == 0; }
-inline void fence_barrier_init() {}
-}  // namespace tl
 struct fp8_e4_t {  // cvt.rn.satfinite.e4m3x2.f32: nearest even, +-448 for larger (and inf), NaN 0x7F
   uchar storage;
   fp8_e4_t() = default;
@@ -298,14 +249,13 @@ extern "C" int run(SIGNATURE, int grid, int grid_y, int threads, unsigned seed) 
   const size_t stack = 256 * 1024;
   g_fibers.assign(threads, Fiber{});
   g_stacks.assign(stack * threads, 0);
-  g_warp.assign((threads + 31) / 32, EmuBarrier{32, 0, 0});
+  g_warp.assign((threads + 31) / 32, Barrier{32, 0, 0});
   g_xchg.assign(32 * g_warp.size(), 0);
   blockDim.x = threads;
   gridDim.x = grid;
   gridDim.y = grid_y;
   for (long b = 0; b < (long)grid * grid_y; ++b) {
-    g_block = EmuBarrier{threads, 0, 0};
-    g_mbar.clear();
+    g_block = Barrier{threads, 0, 0};
     g_async.assign(threads, AsyncQueue{});
     std::memset(g_smem, 0xA5, sizeof g_smem);  // as uninitialised
     for (int t = 0; t < threads; ++t) {
@@ -366,7 +316,6 @@ def build(cu_path: str, so_path: str) -> list[str]:
     entry, sig = match.group(1), match.group(2)
     body = src[match.start() :]
     body = re.sub(r"extern __shared__ __align__\(\d+\) (\w+) (\w+)\[\];", r"\1* \2 = (\1*)g_smem;", body)
-    body = re.sub(r"\b__shared__ __align__\((\d+)\)", r"alignas(\1) static", body)  # mbarriers
     body = re.sub(r"\b__shared__\b", "static", body)
     params = [p.strip() for p in sig.split(",")]
     names = [p.split()[-1] for p in params]

@@ -118,29 +118,27 @@ class StepConfig:
     # thread copies and later reads only its own columns' slots: no barrier for the data).
     stages: int
     max_cols: int = MAX_COLS  # the longest row a CTA's registers and row buffers hold
-    # Staged rows copied by the bulk-copy engine (one cp.async.bulk of the whole row by thread 0,
-    # completing on the slot's mbarrier) rather than by every thread's 16-byte cp.async.
-    bulk: bool = False
 
 
 # The H200 sweeps (bench/results/2026-12-02-NVIDIA-H200/session5/, bench/tune_engram.py ... step): at
 # 100001 x 5120, 3 stages 473.6 us against 569.8 unstaged (2 stages 509.4; 512 threads or 1 or 3
 # CTAs a SM slower); at 8001 x 8192 69.9 against 76.5. Rows of at most 6144 columns (smaller buffers: 4
 # stages at 2 CTAs a SM, 2-3 at 3) measured no faster: 476.7-485.3 us against 477.5 (session8/call1).
+# Rows staged by the bulk-copy engine (one cp.async.bulk a row on an mbarrier, git 63c147a) were within
+# 1%: 468.4-472.0 us against 472.4, 500.0 at 1 CTA x 6 stages (2026-12-03 session10/call1, where Nsight
+# Compute put this kernel at 91% of DRAM peak, 4.38 TB/s): not worth the extra machinery.
 STEP_CONFIG = StepConfig(ctas_per_sm=STEP_CTAS_PER_SM, stages=3)
 
 
 def step_candidate_configs():
     """The step's search space (python bench/tune_engram.py build|run DIR step)."""
-    return [StepConfig(STEP_CTAS_PER_SM, 3)] + [
-        StepConfig(c, s, m, bulk=True) for c, s, m in ((2, 3, 8192), (2, 2, 8192), (1, 6, 8192), (2, 4, 6144), (3, 3, 6144))
+    return [StepConfig(STEP_CTAS_PER_SM, s) for s in (1, 2, 3)] + [
+        StepConfig(c, s, 6144) for c, s in ((2, 4), (3, 3), (3, 2))
     ]
 
 
 def _step(v, cfg=None):
     cfg = cfg or STEP_CONFIG
-    if cfg.bulk:
-        return _step_bulk(cfg)
     STAGES = cfg.stages
     PASSES = cfg.max_cols // PASS
     rows = T.dynamic("num_rows")
@@ -246,129 +244,6 @@ def _step(v, cfg=None):
                 if STAGES > 1:  # row k's slot was read before the barrier: refill it
                     fetch(M, buf, r + STAGES * num_ctas, k % STAGES, tx, rows, cols)
                 load(M, buf, r + num_ctas, (k + 1) % STAGES, tx, ms, rows, cols)
-            for p in T.unroll(PASSES):
-                if p * PASS + tx * VEC < cols:
-                    for j in T.vectorized(VEC):
-                        P[c, p * PASS + tx * VEC + j] = acc[p, j]
-
-    return step_kernel
-
-
-# A 1-D bulk copy (global -> this CTA's shared memory, `bytes` a multiple of 16) completing on an
-# mbarrier: tilelang's own 1-D tma_load lives in a header its code generator includes only for TMA
-# descriptor copies.
-BULK_LOAD_SOURCE = r"""
-template <typename Bar>
-__device__ __forceinline__ void tilebake_bulk_load(void *smem, const void *gmem, Bar &bar, int bytes) {
-  unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  unsigned mbar = static_cast<unsigned>(__cvta_generic_to_shared(&bar));
-  asm volatile("cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst), "l"(gmem), "r"(bytes), "r"(mbar) : "memory");
-}
-"""
-
-
-def _step_bulk(cfg):
-    """The step with its rows staged by the bulk-copy engine: thread 0 copies row k + S into the
-    slot row k left (after the row's barrier: every thread has read it) with one cp.async.bulk
-    completing on the slot's mbarrier; the others wait on that mbarrier's phase. Columns past the
-    row read as zeros (the slot's tail is never written)."""
-    STAGES = cfg.stages
-    PASSES = cfg.max_cols // PASS
-    rows = T.dynamic("num_rows")
-    cols = T.dynamic("num_cols")
-    num_ctas = T.dynamic("num_ctas")
-
-    @T.macro
-    def issue(M, buf, bars, r, slot, row_bytes):
-        T.mbarrier_arrive_expect_tx(bars[slot], row_bytes)
-        T.call_extern("handle", "tilebake_bulk_load", T.access_ptr(buf[slot, 0], "w"), T.access_ptr(M[r, 0], "r"),
-                      bars[slot], row_bytes)  # fmt: skip
-
-    @T.macro
-    def load(buf, slot, tx, ms, num_cols):
-        for p in T.unroll(PASSES):
-            if p * PASS + tx * VEC < num_cols:
-                for j in T.vectorized(VEC):
-                    ms[p, j] = buf[slot, p * PASS + tx * VEC + j]
-            else:
-                for j in T.unroll(VEC):
-                    ms[p, j] = T.float32(0)
-
-    @T.prim_func
-    def step_kernel(
-        M: T.Tensor((rows, cols), "float32"),
-        RS: T.Tensor((rows,), "float32"),
-        CS: T.Tensor((cols,), "float32"),
-        NORM: T.Tensor((rows,), "float32"),
-        P: T.Tensor((num_ctas, cols), "float32"),
-        eps: T.float32,
-    ):
-        with T.Kernel(num_ctas, threads=THREADS) as c:
-            T.import_source(BULK_LOAD_SOURCE)
-            T.annotate_min_blocks_per_sm(cfg.ctas_per_sm)
-            tx = T.get_thread_binding(0)
-            T.assume(cols % 4 == 0)
-            ms = T.alloc_local((PASSES, VEC), "float32")
-            cs = T.alloc_local((PASSES, VEC), "float32")
-            acc = T.alloc_local((PASSES, VEC), "float32")
-            buf = T.alloc_shared((STAGES, PASSES * PASS), "float32")
-            bars = T.alloc_barrier([1] * STAGES)
-            red = T.alloc_shared((2, WARPS), "float32")
-            ss = T.alloc_var("float32")
-            rs = T.alloc_var("float32")
-            norm = T.alloc_var("float32")
-            row_bytes = T.alloc_var("int32")
-            row_bytes = cols * 4
-            if tx == 0:
-                for s in T.unroll(STAGES):
-                    if c + s * num_ctas < rows:
-                        issue(M, buf, bars, c + s * num_ctas, s, row_bytes)
-            for p in T.unroll(PASSES):
-                for j in T.unroll(VEC):
-                    acc[p, j] = T.float32(0)
-                if p * PASS + tx * VEC < cols:
-                    for j in T.vectorized(VEC):
-                        cs[p, j] = CS[p * PASS + tx * VEC + j]
-                else:
-                    for j in T.unroll(VEC):
-                        cs[p, j] = T.float32(0)
-            rs_next = T.alloc_var("float32")
-            rs_next = RS[c]
-            T.mbarrier_wait_parity(bars[0], 0)
-            load(buf, 0, tx, ms, cols)
-            for k in T.serial(T.ceildiv(rows - c, num_ctas)):
-                r = c + k * num_ctas
-                rs = rs_next
-                rs_next = T.if_then_else(r + num_ctas < rows, RS[T.min(r + num_ctas, rows - 1)], T.float32(0))
-                ss = T.float32(0)
-                for p in T.unroll(PASSES):
-                    for j in T.unroll(VEC):
-                        it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
-                        ss = T.ieee_fmaf(it, it, ss)
-                for s in T.unroll(5):
-                    ss = ss + T.shfl_xor(ss, 16 >> s)
-                if tx % 32 == 0:
-                    red[k % 2, tx // 32] = ss
-                T.sync_threads()
-                # every thread has read row k's slot (before the barrier): refill it
-                if tx == 0 and r + STAGES * num_ctas < rows:
-                    issue(M, buf, bars, r + STAGES * num_ctas, k % STAGES, row_bytes)
-                norm = red[k % 2, 0]
-                for w in T.unroll(WARPS - 1):
-                    norm = norm + red[k % 2, w + 1]
-                norm = T.sqrt(norm)
-                rs = rs / (norm + eps)
-                if tx == 0:
-                    NORM[r] = norm
-                    RS[r] = rs
-                for p in T.unroll(PASSES):
-                    for j in T.unroll(VEC):
-                        it = T.ieee_mul(T.ieee_mul(rs, ms[p, j]), cs[p, j])
-                        acc[p, j] = T.ieee_fmaf(it, it, acc[p, j])
-                if r + num_ctas < rows:
-                    T.mbarrier_wait_parity(bars[(k + 1) % STAGES], ((k + 1) // STAGES) % 2)
-                    load(buf, (k + 1) % STAGES, tx, ms, cols)
             for p in T.unroll(PASSES):
                 if p * PASS + tx * VEC < cols:
                     for j in T.vectorized(VEC):
