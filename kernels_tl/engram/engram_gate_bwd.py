@@ -45,6 +45,10 @@ class LaunchConfig:
     ctas_per_sm: int  # resident CTAs a SM (the host launches this many x SMs: CTAS_PER_SM)
     stages: int  # token buffers in shared memory (1: none, every row loaded into registers)
     dw_in_smem: bool  # the weight gradient's running sum in shared memory rather than registers
+    # Unstaged classes: the next token's g_h and v rows on their way through cp.async into one
+    # shared buffer while a token is computed (x_h and k_h still loaded straight into registers,
+    # under the token's first steps): for rows too long to stage whole tokens.
+    gv_ahead: bool = False
 
 
 # The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session8/call3/,
@@ -64,7 +68,7 @@ CONFIGS = {
     2048: LaunchConfig(threads=64, vec=8, ctas_per_sm=CTAS_PER_SM[2048], stages=2, dw_in_smem=False),
     4096: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[4096], stages=2, dw_in_smem=False),
     8192: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[8192], stages=2, dw_in_smem=False),
-    16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True),
+    16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True, gv_ahead=True),
 }
 
 
@@ -79,8 +83,8 @@ def candidate_configs(max_hidden=8192):
         return [LaunchConfig(t, 8, c, s, False) for t, c, s in ((128, 4, 2), (64, 4, 2), (32, 4, 2))]
     if max_hidden == 4096:
         return [LaunchConfig(t, 8, 2, 2, False) for t in (128, 256)]
-    if max_hidden == 16384:  # no room for two staged tokens
-        return [LaunchConfig(t, 8, 1, 1, True) for t in (512, 1024)]
+    if max_hidden == 16384:  # no room for two staged tokens; g and v of one
+        return [LaunchConfig(512, 8, 1, 1, True), LaunchConfig(512, 8, 1, 1, True, gv_ahead=True)]
     return [LaunchConfig(256, 8, 2, 1, True)] + [LaunchConfig(t, 8, 1, 2, False) for t in (256, 512)]
 
 
@@ -88,6 +92,7 @@ def build(v, cfg: LaunchConfig | None = None):
     cfg = cfg or CONFIGS[v.max_hidden]
     THREADS, VEC, STAGES, DW_SMEM = cfg.threads, cfg.vec, cfg.stages, cfg.dw_in_smem
     STAGED = STAGES > 1
+    GV = cfg.gv_ahead and not STAGED
     PASS = THREADS * VEC
     PASSES = -(-v.max_hidden // PASS)
     ROW = PASSES * PASS
@@ -129,11 +134,31 @@ def build(v, cfg: LaunchConfig | None = None):
         T.ptx_commit_group()
 
     @T.macro
+    def fetch_gv(G, V, buf, t, h, tx, num_tokens, hidden):
+        """cp.async of token t's g_h and v columns of this thread into buf[0] (zeros past the rows)."""
+        for p in T.unroll(PASSES):
+            col = p * PASS + tx * VEC
+            ok = t < num_tokens and col < hidden
+            T.ptx_cp_async(T.access_ptr(buf[0, OFF_G + col], "w", VEC), T.access_ptr(G[t, h, col], "r", VEC), VEC, predicate=ok)
+            T.ptx_cp_async(T.access_ptr(buf[0, OFF_V + col], "w", VEC), T.access_ptr(V[t, col], "r", VEC), VEC, predicate=ok)
+        T.ptx_commit_group()
+
+    @T.macro
     def load_rows(G, V, X, K, buf, t, h, tx, slot, hidden, gs, vs, xs, ks):
         """Token t's g_h and v rows (unstaged: x_h's and k_h's too) into registers (0 past hidden)."""
         for p in T.unroll(PASSES):
             col = p * PASS + tx * VEC
-            if STAGED:
+            if GV:
+                for j in T.vectorized(VEC):
+                    gs[p, j] = buf[0, OFF_G + col + j]
+                for j in T.vectorized(VEC):
+                    vs[p, j] = buf[0, OFF_V + col + j]
+                if col < hidden:
+                    for j in T.vectorized(VEC):
+                        xs[p, j] = X[t, h, col + j]
+                    for j in T.vectorized(VEC):
+                        ks[p, j] = K[t, h, col + j]
+            elif STAGED:
                 for j in T.vectorized(VEC):
                     gs[p, j] = buf[slot, OFF_G + col + j]
                 for j in T.vectorized(VEC):
@@ -225,7 +250,7 @@ def build(v, cfg: LaunchConfig | None = None):
             tx = T.get_thread_binding(0)
             ws = T.alloc_shared((ROW,), "float32")
             dws = T.alloc_shared((ROW if DW_SMEM else 1,), "float32")
-            buf = T.alloc_shared((STAGES if STAGED else 1, SLOT if STAGED else 8), "bfloat16")
+            buf = T.alloc_shared((STAGES if STAGED else 1, SLOT if STAGED else 2 * ROW if GV else 8), "bfloat16")
             dwr = T.alloc_local((1 if DW_SMEM else PASSES, VEC), "float32")
             gs = T.alloc_local((PASSES, VEC), "bfloat16")
             vs = T.alloc_local((PASSES, VEC), "bfloat16")
@@ -255,6 +280,8 @@ def build(v, cfg: LaunchConfig | None = None):
             slice_vecs = T.alloc_var("int32")  # (a variable: its division done once)
             slice_vecs = T.ceildiv(T.ceildiv(hidden, VEC), hc)
             n_mine = T.ceildiv(num_tokens - c, num_ctas_per_head)
+            if GV:
+                fetch_gv(G, V, buf, c, h, tx, num_tokens, hidden)
             if STAGED:  # tokens 0 .. S - 2 of this CTA in flight first
                 for s in T.unroll(STAGES - 1):
                     fetch(G, V, X, K, buf, c + s * num_ctas_per_head, h, tx, s, slice_vecs, num_tokens, hc, hidden)
@@ -283,12 +310,16 @@ def build(v, cfg: LaunchConfig | None = None):
                     fetch(G, V, X, K, buf, t + (STAGES - 1) * num_ctas_per_head, h, tx, (i + STAGES - 1) % STAGES,
                           slice_vecs, num_tokens, hc, hidden)  # fmt: skip
                     T.ptx_wait_group(STAGES - 1)  # token i has landed
+                if GV:
+                    T.ptx_wait_group(0)  # token i's g_h and v have landed
                 load_rows(G, V, X, K, buf, t, h, tx, slot, hidden, gs, vs, xs, ks)
                 # 1. g.v
                 gsum = T.float32(0)
                 for p in T.unroll(PASSES):
                     for j in T.unroll(VEC):
                         gsum = gsum + T.cast(gs[p, j], "float32") * T.cast(vs[p, j], "float32")
+                if GV:  # the buffer's values are in registers (used just above): the next token's
+                    fetch_gv(G, V, buf, t + num_ctas_per_head, h, tx, num_tokens, hidden)
                 for s in T.unroll(5):
                     gsum = gsum + T.shfl_xor(gsum, 16 >> s)
                 if tx % 32 == 0:
@@ -341,7 +372,7 @@ def build(v, cfg: LaunchConfig | None = None):
                     for q in T.unroll(VEC // 4):
                         for j in T.vectorized(4):
                             P[c, h, col + q * 4 + j] = dws[col + q * 4 + j] if DW_SMEM else dwr[p, q * 4 + j]
-            if STAGED:
+            if STAGED or GV:
                 T.ptx_wait_group(0)  # the fetches past the CTA's last token (zero fills) done before exit
 
     return engram_gate_bwd_kernel
