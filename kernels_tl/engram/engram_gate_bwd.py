@@ -45,10 +45,6 @@ class LaunchConfig:
     ctas_per_sm: int  # resident CTAs a SM (the host launches this many x SMs: CTAS_PER_SM)
     stages: int  # token buffers in shared memory (1: none, every row loaded into registers)
     dw_in_smem: bool  # the weight gradient's running sum in shared memory rather than registers
-    # Unstaged classes: the next token's g_h and v rows on their way through cp.async into one
-    # shared buffer while a token is computed (x_h and k_h still loaded straight into registers,
-    # under the token's first steps): for rows too long to stage whole tokens.
-    gv_ahead: bool = False
 
 
 # The H200 sweeps (bench/tune_engram_gate.py; bench/results/2026-12-02-NVIDIA-H200/session8/call3/,
@@ -61,14 +57,16 @@ class LaunchConfig:
 # 1024 / 768 (64 x 6, 3 stages: 99.3 / 93.0; 128 x 6: 112.6 at 1024), the 2048 class 64 x 4 192.3 /
 # 144.8 at 2048 / 1536 (128 x 4: 198.3-219.7 / 153.5; 256 x 3, 3 stages: 222.4 / 202.7), the 4096
 # class 128 x 2 386.2 / 274.2 at 4096 / 2560 (256 x 2: 395.4 / 288.3). The 16384 class: 512 threads
-# 2291.5 / 1886.3 us at 16384 / 12288 (1024 threads: 2742.3 / 2349.5).
+# 2291.5 / 1886.3 us at 16384 / 12288 (1024 threads: 2742.3 / 2349.5); with the next token's g and v
+# rows in flight through cp.async into a 64 KB buffer (git 0f7b7f6) 2451.0 / 1928.0 against 2300.6 /
+# 1852.7 (2026-12-03 session10/call4).
 CONFIGS = {
     512: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[512], stages=2, dw_in_smem=False),
     1024: LaunchConfig(threads=32, vec=8, ctas_per_sm=CTAS_PER_SM[1024], stages=2, dw_in_smem=False),
     2048: LaunchConfig(threads=64, vec=8, ctas_per_sm=CTAS_PER_SM[2048], stages=2, dw_in_smem=False),
     4096: LaunchConfig(threads=128, vec=8, ctas_per_sm=CTAS_PER_SM[4096], stages=2, dw_in_smem=False),
     8192: LaunchConfig(threads=256, vec=8, ctas_per_sm=CTAS_PER_SM[8192], stages=2, dw_in_smem=False),
-    16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True, gv_ahead=True),
+    16384: LaunchConfig(threads=512, vec=8, ctas_per_sm=CTAS_PER_SM[16384], stages=1, dw_in_smem=True),
 }
 
 
@@ -83,8 +81,8 @@ def candidate_configs(max_hidden=8192):
         return [LaunchConfig(t, 8, c, s, False) for t, c, s in ((128, 4, 2), (64, 4, 2), (32, 4, 2))]
     if max_hidden == 4096:
         return [LaunchConfig(t, 8, 2, 2, False) for t in (128, 256)]
-    if max_hidden == 16384:  # no room for two staged tokens; g and v of one
-        return [LaunchConfig(512, 8, 1, 1, True), LaunchConfig(512, 8, 1, 1, True, gv_ahead=True)]
+    if max_hidden == 16384:  # no room for two staged tokens
+        return [LaunchConfig(t, 8, 1, 1, True) for t in (512, 1024)]
     return [LaunchConfig(256, 8, 2, 1, True)] + [LaunchConfig(t, 8, 1, 2, False) for t in (256, 512)]
 
 
@@ -92,7 +90,6 @@ def build(v, cfg: LaunchConfig | None = None):
     cfg = cfg or CONFIGS[v.max_hidden]
     THREADS, VEC, STAGES, DW_SMEM = cfg.threads, cfg.vec, cfg.stages, cfg.dw_in_smem
     STAGED = STAGES > 1
-    GV = cfg.gv_ahead and not STAGED
     PASS = THREADS * VEC
     PASSES = -(-v.max_hidden // PASS)
     ROW = PASSES * PASS
@@ -134,31 +131,11 @@ def build(v, cfg: LaunchConfig | None = None):
         T.ptx_commit_group()
 
     @T.macro
-    def fetch_gv(G, V, buf, t, h, tx, num_tokens, hidden):
-        """cp.async of token t's g_h and v columns of this thread into buf[0] (zeros past the rows)."""
-        for p in T.unroll(PASSES):
-            col = p * PASS + tx * VEC
-            ok = t < num_tokens and col < hidden
-            T.ptx_cp_async(T.access_ptr(buf[0, OFF_G + col], "w", VEC), T.access_ptr(G[t, h, col], "r", VEC), VEC, predicate=ok)
-            T.ptx_cp_async(T.access_ptr(buf[0, OFF_V + col], "w", VEC), T.access_ptr(V[t, col], "r", VEC), VEC, predicate=ok)
-        T.ptx_commit_group()
-
-    @T.macro
     def load_rows(G, V, X, K, buf, t, h, tx, slot, hidden, gs, vs, xs, ks):
         """Token t's g_h and v rows (unstaged: x_h's and k_h's too) into registers (0 past hidden)."""
         for p in T.unroll(PASSES):
             col = p * PASS + tx * VEC
-            if GV:
-                for j in T.vectorized(VEC):
-                    gs[p, j] = buf[0, OFF_G + col + j]
-                for j in T.vectorized(VEC):
-                    vs[p, j] = buf[0, OFF_V + col + j]
-                if col < hidden:
-                    for j in T.vectorized(VEC):
-                        xs[p, j] = X[t, h, col + j]
-                    for j in T.vectorized(VEC):
-                        ks[p, j] = K[t, h, col + j]
-            elif STAGED:
+            if STAGED:
                 for j in T.vectorized(VEC):
                     gs[p, j] = buf[slot, OFF_G + col + j]
                 for j in T.vectorized(VEC):
@@ -250,7 +227,7 @@ def build(v, cfg: LaunchConfig | None = None):
             tx = T.get_thread_binding(0)
             ws = T.alloc_shared((ROW,), "float32")
             dws = T.alloc_shared((ROW if DW_SMEM else 1,), "float32")
-            buf = T.alloc_shared((STAGES if STAGED else 1, SLOT if STAGED else 2 * ROW if GV else 8), "bfloat16")
+            buf = T.alloc_shared((STAGES if STAGED else 1, SLOT if STAGED else 8), "bfloat16")
             dwr = T.alloc_local((1 if DW_SMEM else PASSES, VEC), "float32")
             gs = T.alloc_local((PASSES, VEC), "bfloat16")
             vs = T.alloc_local((PASSES, VEC), "bfloat16")
@@ -280,8 +257,6 @@ def build(v, cfg: LaunchConfig | None = None):
             slice_vecs = T.alloc_var("int32")  # (a variable: its division done once)
             slice_vecs = T.ceildiv(T.ceildiv(hidden, VEC), hc)
             n_mine = T.ceildiv(num_tokens - c, num_ctas_per_head)
-            if GV:
-                fetch_gv(G, V, buf, c, h, tx, num_tokens, hidden)
             if STAGED:  # tokens 0 .. S - 2 of this CTA in flight first
                 for s in T.unroll(STAGES - 1):
                     fetch(G, V, X, K, buf, c + s * num_ctas_per_head, h, tx, s, slice_vecs, num_tokens, hc, hidden)
@@ -310,16 +285,12 @@ def build(v, cfg: LaunchConfig | None = None):
                     fetch(G, V, X, K, buf, t + (STAGES - 1) * num_ctas_per_head, h, tx, (i + STAGES - 1) % STAGES,
                           slice_vecs, num_tokens, hc, hidden)  # fmt: skip
                     T.ptx_wait_group(STAGES - 1)  # token i has landed
-                if GV:
-                    T.ptx_wait_group(0)  # token i's g_h and v have landed
                 load_rows(G, V, X, K, buf, t, h, tx, slot, hidden, gs, vs, xs, ks)
                 # 1. g.v
                 gsum = T.float32(0)
                 for p in T.unroll(PASSES):
                     for j in T.unroll(VEC):
                         gsum = gsum + T.cast(gs[p, j], "float32") * T.cast(vs[p, j], "float32")
-                if GV:  # the buffer's values are in registers (used just above): the next token's
-                    fetch_gv(G, V, buf, t + num_ctas_per_head, h, tx, num_tokens, hidden)
                 for s in T.unroll(5):
                     gsum = gsum + T.shfl_xor(gsum, 16 >> s)
                 if tx % 32 == 0:
@@ -372,7 +343,7 @@ def build(v, cfg: LaunchConfig | None = None):
                     for q in T.unroll(VEC // 4):
                         for j in T.vectorized(4):
                             P[c, h, col + q * 4 + j] = dws[col + q * 4 + j] if DW_SMEM else dwr[p, q * 4 + j]
-            if STAGED or GV:
+            if STAGED:
                 T.ptx_wait_group(0)  # the fetches past the CTA's last token (zero fills) done before exit
 
     return engram_gate_bwd_kernel
