@@ -252,34 +252,33 @@ def _step(v, cfg=None):
     return step_kernel
 
 
-# step_reduce: a lane's columns. 1, so a CTA covers 32 columns: at 5120 columns 160 CTAs pull the
+# step_reduce: a lane's columns, and so the CTA's (32 lanes). 1: at 5120 columns 160 CTAs pull the
 # partials from every SM: 6.1 us at 396 x 5120 against 6.8 with 4 (40 CTAs; reading 8 rows a lane
 # ahead instead of 4 gained nothing there, session8/call4). H200, 2026-12-03 session10/call2. Each
 # column's order of additions is the same for any width.
 STEP_REDUCE_VEC = 1
+STEP_REDUCE_COLS = 32 * STEP_REDUCE_VEC
 
 
 def _step_reduce(v):
     parts = T.dynamic("num_partials")
     cols = T.dynamic("num_cols")
-    RVEC = STEP_REDUCE_VEC
-    RCOLS = 32 * RVEC
 
     @T.prim_func
     def step_reduce_kernel(
         P: T.Tensor((parts, cols), "float32"),
         OUT: T.Tensor((cols,), "float32"),
     ):
-        with T.Kernel(T.ceildiv(cols, RCOLS), threads=REDUCE_THREADS) as b:
+        with T.Kernel(T.ceildiv(cols, STEP_REDUCE_COLS), threads=REDUCE_THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(cols % 4 == 0)
-            acc = T.alloc_local((RVEC,), "float32")
-            rows = T.alloc_local((REDUCE_UNROLL, RVEC), "float32")
-            red = T.alloc_shared((REDUCE_WARPS, RCOLS), "float32")
-            sum_partial_rows(P, parts, cols, b * RCOLS, acc, rows, red, tx, RVEC)
-            c = b * RCOLS + tx * RVEC
+            acc = T.alloc_local((STEP_REDUCE_VEC,), "float32")
+            rows = T.alloc_local((REDUCE_UNROLL, STEP_REDUCE_VEC), "float32")
+            red = T.alloc_shared((REDUCE_WARPS, STEP_REDUCE_COLS), "float32")
+            sum_partial_rows(P, parts, cols, b * STEP_REDUCE_COLS, acc, rows, red, tx, STEP_REDUCE_VEC)
+            c = b * STEP_REDUCE_COLS + tx * STEP_REDUCE_VEC
             if tx < 32 and c < cols:
-                for j in T.vectorized(RVEC):
+                for j in T.vectorized(STEP_REDUCE_VEC):
                     OUT[c + j] = acc[j]
 
     return step_reduce_kernel

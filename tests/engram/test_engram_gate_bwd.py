@@ -10,8 +10,8 @@ from tilebake.engram.engram_gate_bwd import CTAS_PER_SM, num_partials
 from tilebake.torch.engram import engram_gate_ref
 
 EPS, CLAMP = 1e-6, 1e-4
-# (301, 3, 4104) / (301, 3, 12296): several tokens a CTA in the staged 8192 class / the 16384 class
-# (whose g and v rows of the next token are in flight)
+# (301, 3, 4104) / (301, 3, 12296): several tokens a CTA in the staged 8192 class / the unstaged
+# 16384 class
 SHAPES = [(1, 4, 7168), (8001, 4, 7168), (65536, 1, 256), (37, 1, 256), (300, 2, 4096), (301, 3, 4104), (5, 8, 16384), (301, 3, 12296), (3, 3, 264), (2, 4, 100), (123, 8, 1024), (777, 4, 1544)]
 
 
