@@ -2,15 +2,17 @@
 
 CMake calls it in three roles (see CMakeLists.txt):
 
-  aot.py list                         variant ids and the repository files their lowering imports
+  aot.py list                         variant ids, their bundles and the repository files their
+                                      lowering imports
   aot.py lower ID... --out DIR --arch A
-                                      lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json
+                                      lower variants for each arch A: DIR/A/ID.cu + DIR/A/ID.json,
+                                      and their ops' bundles DIR/A/BUNDLE.cu (bundle.py)
   aot.py manifest --out DIR ...       hash the cubins and write DIR/manifest.json (build facts, op
                                       list) and DIR/ops/<op>.json (that op's kernels)
 
 CMake lowers all variants of one op in one process (importing tilelang costs twice as much
-as lowering a kernel). nvcc runs between `lower` and `manifest`, one command per (variant, arch), so ninja
-parallelises and a rebuild redoes only what changed. Everything the runtime loader
+as lowering a kernel). nvcc runs between `lower` and `manifest`, one command per (bundle, arch),
+so ninja parallelises and a rebuild redoes only what changed. Everything the runtime loader
 needs is read from the lowered IR here (../shared/notes/tilelang_aot.md), never assumed.
 """
 
@@ -30,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+from build_tools.bundle import bundle_entry, bundles, write_bundle  # noqa: E402
 
 LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
@@ -136,12 +140,23 @@ def sources_sha256(paths) -> str:
     return h.hexdigest()
 
 
+def op_bundles(variants) -> dict[str, list[str]]:
+    """{bundle name: its variant ids} (bundle.py) over the ops of `variants` (variants_by_id's
+    dict, whose ids come in declaration order); a bundle never mixes ops."""
+    by_op = {}
+    for vid, v in variants.items():
+        by_op.setdefault(v.op, []).append(vid)
+    return {name: chunk for ids in by_op.values() for name, chunk in bundles(ids).items()}
+
+
 def cmd_list(args):
     sources = {}
-    for vid, v in variants_by_id(args.ops).items():
+    variants = variants_by_id(args.ops)
+    bundle_of = {vid: name for name, ids in op_bundles(variants).items() for vid in ids}
+    for vid, v in variants.items():
         if v.op not in sources:
             sources[v.op] = ",".join(kernel_sources(v))
-        print(f"{vid}|{sources[v.op]}")
+        print(f"{vid}|{bundle_of[vid]}|{sources[v.op]}")
 
 
 def check_launch_expr(text: str, names: set[str]) -> str:
@@ -258,6 +273,11 @@ def cmd_lower(args):
             meta_path = Path(args.out) / arch / f"{vid}.json"
             meta = json.loads(meta_path.read_text())
             meta_path.write_text(json.dumps({**meta, "source_sha256": digest}, indent=1) + "\n")
+    # Every bundle of the lowered ops, from the .cu files now on disk (CMake lowers whole ops).
+    ops = {known[vid].op for vid in args.ids}
+    for name, ids in op_bundles({vid: v for vid, v in known.items() if v.op in ops}).items():
+        for arch in args.arch:
+            write_bundle(Path(args.out) / arch, name, ids)
     print(f"aot: lowered {len(args.ids)} variant(s) for {', '.join(args.arch)} in {time.time() - start:.1f}s")
 
 
@@ -288,7 +308,9 @@ def cmd_manifest(args):
     tilelang_dir = os.path.dirname(importlib.util.find_spec("tilelang").origin)
     out = Path(args.out)
     kernels, digests = {}, {}
-    for vid, v in variants_by_id(args.ops).items():
+    variants = variants_by_id(args.ops)
+    place = {vid: (name, index) for name, ids in op_bundles(variants).items() for index, vid in enumerate(ids)}
+    for vid, v in variants.items():
         if v.op not in digests:
             digests[v.op] = sources_sha256(kernel_sources(v))
         for arch in args.arch:
@@ -299,8 +321,10 @@ def cmd_manifest(args):
                     f"`aot.py list --ops {v.op}` names changed during the build, or CMake missed it): "
                     f"remove {out / arch / vid}.json and build again"
                 )
-            cubin = out / arch / f"{vid}.cubin"
+            bundle, index = place[vid]
+            cubin = out / arch / f"{bundle}.cubin"
             meta["binary"] = f"{arch}/{cubin.name}"
+            meta["entry"] = bundle_entry(meta["entry"], index)
             meta["sha256"] = hashlib.sha256(cubin.read_bytes()).hexdigest()
             kernels.setdefault(vid, {})[arch] = meta
     # safe.directory: a checkout owned by another user (a build container) is still read.

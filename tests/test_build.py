@@ -52,6 +52,8 @@ def test_every_variant_has_every_arch_with_intact_binaries(manifest):
             assert hashlib.sha256(image).hexdigest() == entry["sha256"], entry["binary"]
             assert entry["arch"] == arch and entry["backend"] == "cuda"
             assert entry["entry"].endswith("_kernel"), entry["entry"]
+            # Its kernel is in that binary (a bundle of its op's variants: build_tools/bundle.py).
+            assert b"\0" + entry["entry"].encode() + b"\0" in image, (vid, arch, entry["entry"])
             # The hash of its op's sources (`aot.py list`): one per op, whatever the variant or arch.
             assert len(entry["source_sha256"]) == 64, vid
             assert op_digest.setdefault(entry["op"], entry["source_sha256"]) == entry["source_sha256"], vid
@@ -89,12 +91,12 @@ def test_cuobjdump_sees_the_right_elf_arch(manifest):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    for per_arch in manifest["kernels"].values():
-        for arch, entry in per_arch.items():
-            listing = subprocess.run(
-                [tool, "-lelf", str(loader.kernel_dir() / entry["binary"])], capture_output=True, text=True, check=True
-            ).stdout
-            assert f".{arch}.cubin" in listing, (entry["binary"], listing)
+    binaries = {(arch, entry["binary"]) for per_arch in manifest["kernels"].values() for arch, entry in per_arch.items()}
+    for arch, binary in sorted(binaries):
+        listing = subprocess.run(
+            [tool, "-lelf", str(loader.kernel_dir() / binary)], capture_output=True, text=True, check=True
+        ).stdout
+        assert f".{arch}.cubin" in listing, (binary, listing)
 
 
 def test_launcher_links_neither_libtorch_nor_libcuda():

@@ -36,7 +36,7 @@ def op_sources(root: Path = ROOT, ops=OPS) -> dict[str, list[str]]:
     ).stdout.splitlines()
     sources = {}
     for line in lines:
-        vid, files = line.split("|")
+        vid, _bundle, files = line.split("|")
         assert sources.setdefault(vid.split(".")[0], files.split(",")) == files.split(","), line
     return sources
 

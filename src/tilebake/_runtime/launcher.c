@@ -59,7 +59,84 @@ int open_driver(void) {
   return 0;
 }
 
-/* load(image: bytes, entry: str, device: int, dynamic_smem: int) -> int handle */
+/* The cubin `image` loaded into device `ordinal`'s primary context (retained, never released: a
+   module lives as long as the process). */
+static int load_image(const char *image, int ordinal, CUmodule *module, CUcontext *ctx) {
+  if (open_driver()) return -1;
+  CUdevice dev;
+  CUcontext popped;
+  CUresult rc = cu.DeviceGet(&dev, ordinal);
+  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuDeviceGet");
+  rc = cu.DevicePrimaryCtxRetain(ctx, dev);
+  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuDevicePrimaryCtxRetain");
+  rc = cu.CtxPushCurrent(*ctx);
+  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuCtxPushCurrent");
+  rc = cu.ModuleLoadData(module, image);
+  cu.CtxPopCurrent(&popped);
+  return rc == CUDA_SUCCESS ? 0 : raise_cu(rc, "cuModuleLoadData");
+}
+
+/* A kernel handle for function `entry` of `module` (loaded in `ctx`). */
+static PyObject *kernel_handle(CUmodule module, CUcontext ctx, const char *entry, int smem) {
+  CUcontext popped;
+  /* Plain malloc: PyMem_RawMalloc is not in the 3.10 limited API (undeclared there, an implicit
+     int-returning call would truncate the pointer). */
+  Loaded *k = malloc(sizeof(Loaded));
+  if (!k) return PyErr_NoMemory();
+  CUresult rc = cu.CtxPushCurrent(ctx);
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuCtxPushCurrent"), NULL;
+  rc = cu.ModuleGetFunction(&k->function, module, entry);
+  const char *what = "cuModuleGetFunction";
+  /* Kernels asking for more than 48 KiB of dynamic shared memory must opt in. */
+  if (rc == CUDA_SUCCESS && smem > 48 * 1024)
+    rc = cu.FuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+    what = "cuFuncSetAttribute";
+  cu.CtxPopCurrent(&popped);
+  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, what), NULL;
+  k->context = ctx;
+  return PyLong_FromVoidPtr(k);
+}
+
+/* load_module(image: bytes, device: int) -> int module: a cubin of several kernels (the wheel's
+   bundles), loaded once per device and shared by its kernels' handles. */
+static PyObject *load_module(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "load_module(image, device)");
+    return NULL;
+  }
+  const char *image = PyBytes_AsString(args[0]);
+  int ordinal = (int)PyLong_AsLong(args[1]);
+  if (!image || PyErr_Occurred()) return NULL;
+  CUmodule module;
+  CUcontext ctx;
+  if (load_image(image, ordinal, &module, &ctx)) return NULL;
+  return PyLong_FromVoidPtr(module);
+}
+
+/* get_kernel(module: int, entry: str, device: int, dynamic_smem: int) -> int handle */
+static PyObject *get_kernel(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "get_kernel(module, entry, device, dynamic_smem)");
+    return NULL;
+  }
+  CUmodule module = PyLong_AsVoidPtr(args[0]);
+  const char *entry = PyUnicode_AsUTF8AndSize(args[1], NULL);
+  int ordinal = (int)PyLong_AsLong(args[2]);
+  int smem = (int)PyLong_AsLong(args[3]);
+  if (!module || !entry || PyErr_Occurred()) return NULL;
+  if (open_driver()) return NULL;
+  CUdevice dev;
+  CUcontext ctx;
+  CUresult rc = cu.DeviceGet(&dev, ordinal);
+  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuDeviceGet"), NULL;
+  /* The module's own context: retaining it again only counts up a reference. */
+  rc = cu.DevicePrimaryCtxRetain(&ctx, dev);
+  if (rc != CUDA_SUCCESS) return raise_cu(rc, "cuDevicePrimaryCtxRetain"), NULL;
+  return kernel_handle(module, ctx, entry, smem);
+}
+
+/* load(image: bytes, entry: str, device: int, dynamic_smem: int) -> int handle: a cubin of its
+   own (bench/'s tuning candidates). */
 static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 4) {
     PyErr_SetString(PyExc_TypeError, "load(image, entry, device, dynamic_smem)");
@@ -70,32 +147,10 @@ static PyObject *load(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   int ordinal = (int)PyLong_AsLong(args[2]);
   int smem = (int)PyLong_AsLong(args[3]);
   if (!image || !entry || PyErr_Occurred()) return NULL;
-  if (open_driver()) return NULL;
-
-  CUdevice dev;
-  CUcontext ctx, popped;
   CUmodule module;
-  /* Plain malloc: PyMem_RawMalloc is not in the 3.10 limited API (undeclared there, an implicit
-     int-returning call would truncate the pointer). */
-  Loaded *k = malloc(sizeof(Loaded));
-  if (!k) return PyErr_NoMemory();
-  CUresult rc = cu.DeviceGet(&dev, ordinal);
-  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuDeviceGet"), NULL;
-  rc = cu.DevicePrimaryCtxRetain(&ctx, dev);
-  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuDevicePrimaryCtxRetain"), NULL;
-  rc = cu.CtxPushCurrent(ctx);
-  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, "cuCtxPushCurrent"), NULL;
-  rc = cu.ModuleLoadData(&module, image);
-  const char *what = "cuModuleLoadData";
-  if (rc == CUDA_SUCCESS) rc = cu.ModuleGetFunction(&k->function, module, entry), what = "cuModuleGetFunction";
-  /* Kernels asking for more than 48 KiB of dynamic shared memory must opt in. */
-  if (rc == CUDA_SUCCESS && smem > 48 * 1024)
-    rc = cu.FuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-    what = "cuFuncSetAttribute";
-  cu.CtxPopCurrent(&popped);
-  if (rc != CUDA_SUCCESS) return free(k), raise_cu(rc, what), NULL;
-  k->context = ctx;
-  return PyLong_FromVoidPtr(k);
+  CUcontext ctx;
+  if (load_image(image, ordinal, &module, &ctx)) return NULL;
+  return kernel_handle(module, ctx, entry, smem);
 }
 
 #define MAX_ARGS 72  /* mhc_multilayer_recompute: 6 pointers a layer x 11 + 6 */
@@ -191,6 +246,8 @@ static PyObject *set_error_type(PyObject *self, PyObject *cls) {
 
 static PyMethodDef methods[] = {
     {"load", (PyCFunction)(void (*)(void))load, METH_FASTCALL, "Load a cubin on a device; returns a kernel handle."},
+    {"load_module", (PyCFunction)(void (*)(void))load_module, METH_FASTCALL, "Load a cubin on a device; returns it."},
+    {"get_kernel", (PyCFunction)(void (*)(void))get_kernel, METH_FASTCALL, "A kernel handle of a loaded cubin."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "Launch a loaded kernel on a stream."},
     {"plan", (PyCFunction)(void (*)(void))plan_new, METH_FASTCALL, "Compile a call plan (tilebake/_runtime/plan.py)."},
     {"run", (PyCFunction)(void (*)(void))plan_run, METH_FASTCALL, "run(plan, *tensors): one op call in C."},

@@ -5,9 +5,10 @@ The kernels are not in this package: they are the tilebake-cuda package (import 
 others' (README, "Packages"). Its manifest (written by build_tools/aot.py) is the one
 contract with the build: per variant and arch it names the binary, its sha256, the entry
 symbol, the kernel's parameter order and the launch geometry as expressions of runtime
-dims. Nothing here compiles, writes files or imports tilelang. A binary is read, verified
-and loaded the first time its variant runs on a device; later calls cost one dict lookup,
-two small Python calls and one native launch.
+dims. Nothing here compiles, writes files or imports tilelang. A binary (a bundle of
+several variants' kernels, build_tools/bundle.py) is read, verified and loaded the first time
+one of its variants runs on a device; later calls cost one dict lookup, two small Python
+calls and one native launch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import importlib
 import json
 import operator
+import threading
 from pathlib import Path
 
 import torch
@@ -192,15 +194,7 @@ class Kernel:
                 f"cuda:{device_index} ({torch.cuda.get_device_name(device_index)}) is {arch}; "
                 f"the installed {CUDA_KERNELS_PACKAGE} has binaries for {', '.join(sorted(self._entries))} only"
             )
-        path = kernel_dir() / entry["binary"]
-        try:
-            image = path.read_bytes()
-        except OSError as e:
-            raise CorruptArtifactError(f"kernel binary {path} is unreadable: {e}") from None
-        if hashlib.sha256(image).hexdigest() != entry["sha256"]:
-            raise CorruptArtifactError(
-                f"kernel binary {path} does not match the sha256 in the manifest; reinstall {CUDA_KERNELS_PACKAGE}"
-            )
+        module = _module(entry["binary"], entry["sha256"], device_index)
         params = [p["name"] for p in entry["params"]]
         declared = {p.name: PARAM_DTYPES[p.dtype] for p in self.params}
         if {p["name"]: p["kind"] for p in entry["params"]} != declared or len(params) != len(declared):
@@ -214,7 +208,7 @@ class Kernel:
         smem = int(entry["dynamic_smem"])
         signature = "".join(p["kind"] for p in entry["params"]).encode()
         reorder = operator.itemgetter(*[self.arg_names.index(n) for n in params])
-        handle = launcher.load(image, entry["entry"], device_index, smem)
+        handle = launcher.get_kernel(module, entry["entry"], device_index, smem)
         loaded = (handle, grid, block, smem, signature, reorder, launcher.launch)
         self._per_device[device_index] = loaded
         self._specs[device_index] = (tuple(params), tuple(signature.decode()), tuple(entry["grid"]), block, smem)
@@ -244,6 +238,31 @@ class Kernel:
         launch(
             handle, grid(*args), block, smem, torch._C._cuda_getCurrentRawStream(device_index), signature, reorder(args)
         )
+
+
+_modules: dict[tuple[str, str, int], int] = {}
+_modules_lock = threading.Lock()
+
+
+def _module(binary: str, sha256: str, device_index: int) -> int:
+    """The native module of kernel binary `binary` (a cubin holding several variants' kernels,
+    build_tools/bundle.py) on `device_index`: read, checked against `sha256` and loaded on first
+    use, then shared by the handles of all its kernels there."""
+    path = kernel_dir() / binary
+    key = (str(path), sha256, device_index)
+    with _modules_lock:  # threads first-calling two variants of one binary load it once
+        module = _modules.get(key)
+        if module is None:
+            try:
+                image = path.read_bytes()
+            except OSError as e:
+                raise CorruptArtifactError(f"kernel binary {path} is unreadable: {e}") from None
+            if hashlib.sha256(image).hexdigest() != sha256:
+                raise CorruptArtifactError(
+                    f"kernel binary {path} does not match the sha256 in the manifest; reinstall {CUDA_KERNELS_PACKAGE}"
+                )
+            module = _modules[key] = _native().load_module(image, device_index)
+        return module
 
 
 class KernelTable(dict):
