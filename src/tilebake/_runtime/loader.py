@@ -194,7 +194,6 @@ class Kernel:
                 f"cuda:{device_index} ({torch.cuda.get_device_name(device_index)}) is {arch}; "
                 f"the installed {CUDA_KERNELS_PACKAGE} has binaries for {', '.join(sorted(self._entries))} only"
             )
-        module = _module(entry["binary"], entry["sha256"], device_index)
         params = [p["name"] for p in entry["params"]]
         declared = {p.name: PARAM_DTYPES[p.dtype] for p in self.params}
         if {p["name"]: p["kind"] for p in entry["params"]} != declared or len(params) != len(declared):
@@ -208,6 +207,8 @@ class Kernel:
         smem = int(entry["dynamic_smem"])
         signature = "".join(p["kind"] for p in entry["params"]).encode()
         reorder = operator.itemgetter(*[self.arg_names.index(n) for n in params])
+        # The binary is read, checked and loaded last: a mismatched manifest entry is named first.
+        module = _module(entry["binary"], entry["sha256"], device_index)
         handle = launcher.get_kernel(module, entry["entry"], device_index, smem)
         loaded = (handle, grid, block, smem, signature, reorder, launcher.launch)
         self._per_device[device_index] = loaded
