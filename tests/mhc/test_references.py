@@ -54,3 +54,37 @@ def test_original_names_in_tilebake_torch():
     for name in ("expand_to_mhc_ref", "mhc_head_compute_mix_ref", "mhc_post_ref", "mhc_pre_apply_mix_ref",
                  "mhc_pre_norm_fn_partials_ref", "mhc_pre_norm_fn_ref", "mhc_pre_split_mixes_ref", "sinkhorn_normalize_ref"):  # fmt: skip
         assert getattr(tilebake.torch, name) is getattr(ref, name)
+
+
+def _fma_exact(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once to fp32 (nearest, ties to even), from exact rational arithmetic."""
+    from fractions import Fraction
+
+    v = Fraction(a) * Fraction(b) + Fraction(c)
+    near = torch.tensor(float(v), dtype=torch.float32)
+    candidates = [torch.nextafter(near, torch.tensor(d, dtype=torch.float32)) for d in (-math.inf, math.inf)] + [near]
+    key = lambda t: (abs(Fraction(t.item()) - v), t.view(torch.int32).item() & 1)  # noqa: E731
+    return min(candidates, key=key).item()
+
+
+def test_fma32_rounds_once():
+    """ref.fma32 is the GPU's fp32 fused multiply-add bit for bit: on random operands and on sums
+    crafted to lie a hair off halfway between two floats, where rounding a float64 sum to fp32
+    (two roundings) gives the other neighbour."""
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.rand(3000, generator=g) * 8 - 4 for _ in range(3))
+    # c + b * (1 + 2^-23) with b = +-2^-24 c-ulps (1 -+ 2^-23): just below or above c's halfway points
+    c_bits = (torch.rand(2000, generator=g) + 1).view(torch.int32) | torch.arange(2000, dtype=torch.int32) % 2  # odd, even ends
+    tiny_a = torch.full((2000,), 1 + 2**-23)
+    tiny_b = torch.tensor([(1 if i % 4 < 2 else -1) * 2**-24 * (1 - 2**-23 if i % 8 < 4 else 1 + 2**-22)
+                           for i in range(2000)])  # fmt: skip
+    a, b, c = torch.cat([a, tiny_a]), torch.cat([b, tiny_b.float()]), torch.cat([c, c_bits.view(torch.float32)])
+    got = ref.fma32(a, b, c)
+    want = torch.tensor([_fma_exact(x, y, z) for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())])
+    assert torch.equal(got, want)
+    double_rounded = (a.double() * b.double() + c.double()).float()
+    assert not torch.equal(double_rounded, want)  # the crafted cases do catch two roundings
+    # differentiable as a * b + c; float64 operands computed plainly
+    a64, b64, c64 = (t[:5].double().requires_grad_() for t in (a, b, c))
+    ref.fma32(a64, b64, c64).sum().backward()
+    assert torch.equal(a64.grad, b64.detach()) and torch.equal(c64.grad, torch.ones(5, dtype=torch.float64))

@@ -1,7 +1,8 @@
 """mHC (manifold hyper-connections) references: the oracles of tilebake.mhc and its CPU path.
 
 m is the stream count (any m >= 1). Sums over streams run in stream order, each product and sum
-rounded to fp32 on its own, as the kernels do: on the CPU the references give the kernels' bits.
+rounded to fp32 on its own, as the kernels do (post adds each term by a fused multiply-add, as
+its kernel does: fma32): on the CPU the references give the kernels' bits.
 The `*_like_original` forms compute as TileKernels' torch/mhc.py does (einsum, torch's own
 reduction order), for tolerance checks against the original's arithmetic.
 """
@@ -9,6 +10,35 @@ reduction order), for tolerance checks against the original's arithmetic.
 from __future__ import annotations
 
 import torch
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """a * b + c of fp32 tensors with one rounding to fp32, as the GPU's fused multiply-add; of
+    other dtypes (the float64 oracles) plainly. Differentiable as a * b + c."""
+    if not a.dtype == b.dtype == c.dtype == torch.float32:
+        return a * b + c
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or c.requires_grad):
+        plain = a * b + c
+        with torch.no_grad():
+            correction = _fma32(a, b, c) - plain
+        return plain + correction  # the exact value; the gradient of a * b + c
+    return _fma32(a, b, c)
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    a, b, c = (t.double() for t in torch.broadcast_tensors(a, b, c))
+    p = a * b  # exact: two 24-bit significands
+    s = p + c  # rounded to double; the exact sum is s + err (Knuth's two-sum)
+    v = s - p
+    err = (p - (s - v)) + (c - v)
+    r = s.float()
+    # Rounding s to fp32 rounds the exact sum twice. That differs from one rounding only where s
+    # lies exactly halfway between two floats and err moves the exact sum off that point: then
+    # the neighbour on err's side is the answer.
+    toward = torch.where(s > r.double(), float("inf"), float("-inf")).float()
+    other = torch.nextafter(r, toward)
+    tie = (s != r.double()) & ((r.double() + other.double()) * 0.5 == s) & (err != 0)
+    return torch.where(tie, torch.where(err > 0, torch.maximum(r, other), torch.minimum(r, other)), r)
 
 
 def expand_to_mhc_ref(hidden: torch.Tensor, mhc_mult: int) -> torch.Tensor:
@@ -26,8 +56,8 @@ def expand_to_mhc_bwd_ref(o_grad: torch.Tensor) -> torch.Tensor:
 
 def mhc_post_ref(x, residual, post_layer_mix, comb_res_mix) -> torch.Tensor:
     """out[..., o, :] = post[..., o] * x + sum over i of comb[..., i, o] * residual[..., i, :]
-    (fp32, i in order), in bf16. x (..., H) bf16, residual (..., m, H) bf16, post (..., m) or
-    (..., m, 1) fp32, comb (..., m, m) fp32."""
+    (fp32, i in order, each term by fma32), in bf16. x (..., H) bf16, residual (..., m, H) bf16,
+    post (..., m) or (..., m, 1) fp32, comb (..., m, m) fp32."""
     m = residual.shape[-2]
     post = post_layer_mix.reshape(*residual.shape[:-1])
     xf = x.float()
@@ -35,7 +65,7 @@ def mhc_post_ref(x, residual, post_layer_mix, comb_res_mix) -> torch.Tensor:
     for o in range(m):
         acc = post[..., o, None] * xf
         for i in range(m):
-            acc = acc + comb_res_mix[..., i, o, None] * residual[..., i, :].float()
+            acc = fma32(comb_res_mix[..., i, o, None], residual[..., i, :].float(), acc)
         outs.append(acc)
     return torch.stack(outs, dim=-2).to(residual.dtype)
 
