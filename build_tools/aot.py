@@ -146,7 +146,7 @@ def op_bundles(variants) -> dict[str, list[str]]:
     by_op = {}
     for vid, v in variants.items():
         by_op.setdefault(v.op, []).append(vid)
-    return {name: chunk for ids in by_op.values() for name, chunk in bundles(ids).items()}
+    return {name: chunk for op, ids in by_op.items() for name, chunk in bundles(op, ids).items()}
 
 
 def cmd_list(args):

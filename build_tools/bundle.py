@@ -19,11 +19,8 @@ BUNDLE_SIZE = 8
 _ENTRY = re.compile(r'^extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', re.M)
 
 
-def bundles(ids: list[str]) -> dict[str, list[str]]:
-    """{bundle name: its variant ids} for the variant ids of one op, in declaration order."""
-    if not ids:
-        return {}
-    op = ids[0].split(".")[0]
+def bundles(op: str, ids: list[str]) -> dict[str, list[str]]:
+    """{bundle name: its variant ids} for the variant ids of `op`, in declaration order."""
     chunks = [ids[i : i + BUNDLE_SIZE] for i in range(0, len(ids), BUNDLE_SIZE)]
     return {f"{op}.bundle{k}": chunk for k, chunk in enumerate(chunks)}
 

@@ -38,11 +38,11 @@ def test_bundles_chunk_one_op_in_declaration_order():
     from build_tools.bundle import BUNDLE_SIZE, bundles
 
     ids = [f"op_a.n-{i}" for i in range(2 * BUNDLE_SIZE + 3)]
-    grouped = bundles(ids)
+    grouped = bundles("op_a", ids)
     assert list(grouped) == ["op_a.bundle0", "op_a.bundle1", "op_a.bundle2"]
     assert [len(chunk) for chunk in grouped.values()] == [BUNDLE_SIZE, BUNDLE_SIZE, 3]
     assert [vid for chunk in grouped.values() for vid in chunk] == ids
-    assert bundles([]) == {}
+    assert bundles("op_a", []) == {}
 
 
 def test_every_declared_variant_is_in_exactly_one_bundle_of_its_op():

@@ -9,10 +9,10 @@ forward (o = mix[0] r[0], then + mix[i] r[i] in order, every product and sum rou
 own), its post step kernels_tl/mhc/mhc_post.py's (out[o] = post[o] x, then + comb[i, o] r[i] in
 order, each term by a fused multiply-add: H200 session 11, 2884-2889 us against 3213-3214 for
 10 layers at 8192 x 8192 with every product rounded; fusing the pre step's too gained nothing in
-mhc_pre_apply_mix), each rounded to bf16 once. The next
-layer reads the rounded post output, as the chain of those kernels does, so the results are theirs
-bit for bit. DRAM traffic: the initial residual, then a
-layer's output read and its input and residual written; the mixes go through shared memory.
+mhc_pre_apply_mix), each rounded to bf16 once. The next layer reads the rounded post output, as
+the chain of those kernels does, so the results are theirs bit for bit. DRAM traffic: the initial
+residual, then a layer's output read and its input and residual written; the mixes go through
+shared memory.
 """
 
 import tilelang.language as T

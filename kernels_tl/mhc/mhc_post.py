@@ -4,7 +4,8 @@ register arrays it sizes) and every size at run time.
 Forward: a thread an 8-column vector of a token (grid: tokens x column blocks), the m residual
 vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
 each term added by a fused multiply-add: 265-267 us against 277.5-277.7 with every product
-rounded at 8192 x 4 x 7168, H200 session 11), rounded to bf16 once: tilebake.torch.mhc.mhc_post_ref's arithmetic.
+rounded at 8192 x 4 x 7168, H200 session 11), rounded to bf16 once:
+tilebake.torch.mhc.mhc_post_ref's arithmetic.
 Backward: a warp a token (WARPS tokens a CTA), its lanes over the columns, each step's loads
 issued before any use. d_x = sum_o post[o] d_o[o] and d_residual[i] = sum_o comb[i, o] d_o[o]
 likewise per vector; each lane sums x . d_o[o] and residual[i] . d_o[o] over its columns, then a

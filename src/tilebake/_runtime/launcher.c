@@ -123,7 +123,11 @@ static PyObject *get_kernel(PyObject *self, PyObject *const *args, Py_ssize_t na
   const char *entry = PyUnicode_AsUTF8AndSize(args[1], NULL);
   int ordinal = (int)PyLong_AsLong(args[2]);
   int smem = (int)PyLong_AsLong(args[3]);
-  if (!module || !entry || PyErr_Occurred()) return NULL;
+  if (!entry || PyErr_Occurred()) return NULL;
+  if (!module) {
+    PyErr_SetString(PyExc_ValueError, "get_kernel: module is null (load_module's result expected)");
+    return NULL;
+  }
   if (open_driver()) return NULL;
   CUdevice dev;
   CUcontext ctx;
