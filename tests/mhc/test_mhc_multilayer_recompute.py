@@ -29,10 +29,12 @@ def outputs(r0, num_layers, num_post):
 
 
 # (L, posts, tokens, m, hidden): hidden 7168, 1032 and 136 leave the last column block partial;
-# L > LMAX takes several launches, the last one of L = LMAX + 1 with L - 1 posts a pre step only
+# L > LMAX takes several launches, the last one of L = LMAX + 1 with L - 1 posts a pre step only;
+# m = 4 takes the exact variant, the others a max_mult class
 CASES = [(3, 3, 8001, 4, 256), (4, 3, 65, 8, 128), (1, 0, 1, 1, 8), (2, 2, 33, 2, 7168),
          (LMAX + 2, LMAX + 1, 5, 3, 1032), (LMAX + 1, LMAX, 3, 4, 136), (2 * LMAX + 1, 2 * LMAX + 1, 2, 1, 8),
-         (LMAX, LMAX, 3, 8, 1040), (LMAX, LMAX - 1, 7, 5, 24), (2, 1, (2, 3), 4, 64)]  # fmt: skip
+         (LMAX, LMAX, 3, 8, 1040), (LMAX, LMAX - 1, 7, 5, 24), (2, 1, (2, 3), 4, 64),
+         (5, 4, 257, 4, 1032)]  # fmt: skip
 
 
 @pytest.mark.parametrize("device", DEVICES)

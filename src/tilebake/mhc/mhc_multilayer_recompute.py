@@ -40,10 +40,13 @@ class MhcMultilayerRecomputeVariant(Variant):
     # m's upper bound, which sizes the kernel's register arrays: 4 (m = 1 to 4; the original's
     # only m) or 8 (m = 5 to 8)
     max_mult: int
+    # built for m == max_mult only (m = 4, the original's): the stream loops unroll without
+    # run-time guards and the mixes' offsets are constants
+    exact: bool
 
     @classmethod
     def all(cls):
-        return tuple(cls(m) for m in MAX_MULTS)
+        return tuple(cls(m, False) for m in MAX_MULTS) + (cls(EXACT_MULT, True),)
 
     def params(self):
         layers = tuple(p for l in range(LMAX) for p in ptr(*(f"{name}{l}" for name in LAYER_PARAMS)))
@@ -51,6 +54,7 @@ class MhcMultilayerRecomputeVariant(Variant):
 
 
 MAX_MULTS = (4, MAX_MHC_MULT)
+EXACT_MULT = 4
 _KERNELS = KernelTable(MhcMultilayerRecomputeVariant)
 
 
@@ -144,7 +148,8 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: Seque
     for name, items in (("layer_output_list", layer_output_list), ("layer_input_list", layer_input_list),
                         ("residual_list", residual_list)):  # fmt: skip
         check_aligned(**{f"{name}[{i}]": t for i, t in enumerate(items)})
-    kernel = _KERNELS[next(c for c in MAX_MULTS if mhc_mult <= c),]
+    key = (EXACT_MULT, True) if mhc_mult == EXACT_MULT else (next(c for c in MAX_MULTS if mhc_mult <= c), False)
+    kernel = _KERNELS[key]
     device = initial_residual.get_device()
     residual = initial_residual
     for start in range(0, num_layers, LMAX):
