@@ -69,9 +69,13 @@ def _kernel(MAX_M, EXACT):
         PRE, LO, POST, COMB, LI, RL = (
             [ir.arg(f"{name}{l}", T.Tensor(*shapes[name])) for l in LAYERS] for name in LAYER_PARAMS
         )
-        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+        # One dimension, a token's column blocks adjacent: they run together, so the token's mixes
+        # come from DRAM once (then L2) and its rows are read and written as whole runs.
+        with T.Kernel(n * T.ceildiv(h, THREADS * VEC), threads=THREADS) as w:
             T.annotate_min_blocks_per_sm(MIN_CTAS[MAX_M])
             tx = T.get_thread_binding(0)
+            t = T.alloc_var("int32")
+            t = w // T.ceildiv(h, THREADS * VEC)
             T.assume(h % VEC == 0)
             mix = T.alloc_shared((LMAX, MIXES), "float32")
             rs = T.alloc_local((2, MAX_M, VEC), "bfloat16")  # layer l reads rs[l % 2], its post writes rs[1 - l % 2]
@@ -84,7 +88,7 @@ def _kernel(MAX_M, EXACT):
             # of the addresses (TileLang widens each term of (b * THREADS + tx) * VEC to 64 bits,
             # and nvcc then splits each 16-byte store into four 4-byte ones).
             vec = T.alloc_var("int32")
-            vec = b * THREADS + tx
+            vec = (w - t * T.ceildiv(h, THREADS * VEC)) * THREADS + tx
             if vec * VEC < h:  # the first reads in flight while the mixes are staged
                 for i in T.unroll(MAX_M):
                     if i < m:

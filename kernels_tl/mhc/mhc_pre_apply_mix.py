@@ -1,7 +1,8 @@
 """mhc_pre_apply_mix, as TileLang factories (build time only); m (<= MAX_M) and every size at run
 time.
 
-Forward: a thread an 8-column vector of a token (grid: tokens x column blocks); o = mix[0] x[0],
+Forward: a thread an 8-column vector of FWD_TOKENS tokens (grid: token groups x column blocks), all
+their loads issued first; o = mix[0] x[0],
 then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
 bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
 Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
@@ -17,6 +18,9 @@ from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixVariant
 
 THREADS = 128
 WARPS = THREADS // 32
+# The forward's tokens a CTA (H200 session 12, 8192 x 4 x 7168: 2 tokens 141.5 us against 149.4-150.5
+# for one, a CTA's work too small for the block scheduler to keep DRAM busy)
+FWD_TOKENS = 2
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
@@ -35,30 +39,39 @@ def _forward():
         MIX: T.Tensor((n, m), "float32"),
         O: T.Tensor((n, h), "bfloat16"),
     ):
-        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+        # one dimension, a token group's column blocks adjacent (they run together: whole rows)
+        with T.Kernel(T.ceildiv(n, FWD_TOKENS) * T.ceildiv(h, THREADS * VEC), threads=THREADS) as w:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            xs = T.alloc_local((MAX_M, VEC), "bfloat16")
+            tb = T.alloc_var("int32")
+            tb = w // T.ceildiv(h, THREADS * VEC)
+            b = w - tb * T.ceildiv(h, THREADS * VEC)
+            xs = T.alloc_local((FWD_TOKENS, MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
             c = (b * THREADS + tx) * VEC
             if c < h:
-                for i in T.unroll(MAX_M):  # every stream's vector in flight at once: one DRAM latency
-                    if i < m:
-                        for j in T.vectorized(VEC):
-                            xs[i, j] = X[t, i, c + j]
-                w0 = MIX[t, 0]
-                for j in T.unroll(VEC):
-                    acc[j] = T.ieee_mul(w0, T.cast(xs[0, j], "float32"))
-                for i in T.unroll(MAX_M - 1):
-                    if i + 1 < m:
-                        w = MIX[t, i + 1]
+                for u in T.unroll(FWD_TOKENS):  # every vector in flight at once: one DRAM latency
+                    if tb * FWD_TOKENS + u < n:
+                        for i in T.unroll(MAX_M):
+                            if i < m:
+                                for j in T.vectorized(VEC):
+                                    xs[u, i, j] = X[tb * FWD_TOKENS + u, i, c + j]
+                for u in T.unroll(FWD_TOKENS):
+                    t = tb * FWD_TOKENS + u
+                    if t < n:
+                        w0 = MIX[t, 0]
                         for j in T.unroll(VEC):
-                            acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[i + 1, j], "float32")))
-                for j in T.unroll(VEC):
-                    ys[j] = T.cast(acc[j], "bfloat16")
-                for j in T.vectorized(VEC):
-                    O[t, c + j] = ys[j]
+                            acc[j] = T.ieee_mul(w0, T.cast(xs[u, 0, j], "float32"))
+                        for i in T.unroll(MAX_M - 1):
+                            if i + 1 < m:
+                                w = MIX[t, i + 1]
+                                for j in T.unroll(VEC):
+                                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+                        for j in T.unroll(VEC):
+                            ys[j] = T.cast(acc[j], "bfloat16")
+                        for j in T.vectorized(VEC):
+                            O[t, c + j] = ys[j]
 
     return mhc_pre_apply_mix_fwd_kernel
 
