@@ -40,13 +40,9 @@ def _forward(MAX_M):
         COMB: T.Tensor((n, m, m), "float32"),
         OUT: T.Tensor((n, m, h), "bfloat16"),
     ):
-        # one dimension, a token's column blocks adjacent (they run together: whole rows)
-        with T.Kernel(n * T.ceildiv(h, THREADS * VEC), threads=THREADS) as w:
+        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
-            t = T.alloc_var("int32")
-            t = w // T.ceildiv(h, THREADS * VEC)
-            b = w - t * T.ceildiv(h, THREADS * VEC)
             xs = T.alloc_local((VEC,), "bfloat16")
             rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
