@@ -99,16 +99,29 @@ def _kernel(MAX_M, EXACT):
                 if num_post > 0:
                     for j in T.vectorized(VEC):
                         xs[0, j] = LO[0][t, vec * VEC + j]
-            # Every layer's mixes of the token at once: one latency, not one a layer.
+            # Every layer's mixes of the token at once, one latency rather than one a layer: all
+            # loads into registers first, then the stores to shared memory (a load stored in its
+            # own guarded block made nvcc wait for each before the next: 20 round trips a CTA,
+            # 2644-2649 us against 2237-2242 for 10 layers at 8192 x 8192, H200 session 13).
+            staged = T.alloc_local((LMAX, 3), "float32")
             for l in LAYERS:
                 if l < num_layers:
                     if tx < m:
-                        mix[l, tx] = PRE[l][t, tx]
+                        staged[l, 0] = PRE[l][t, tx]
                 if l < num_post:
                     if tx < m:
-                        mix[l, POST_AT + tx] = POST[l][t, tx]
+                        staged[l, 1] = POST[l][t, tx]
                     if tx < m * m:
-                        mix[l, COMB_AT + tx] = COMB[l][t, tx]
+                        staged[l, 2] = COMB[l][t, tx]
+            for l in LAYERS:
+                if l < num_layers:
+                    if tx < m:
+                        mix[l, tx] = staged[l, 0]
+                if l < num_post:
+                    if tx < m:
+                        mix[l, POST_AT + tx] = staged[l, 1]
+                    if tx < m * m:
+                        mix[l, COMB_AT + tx] = staged[l, 2]
             T.sync_threads()
             if vec * VEC < h:
                 for l in LAYERS:
