@@ -2,7 +2,7 @@
 `torch.mul(x, 2, out=y)` in the same run: with outputs allocated by the op, and with every
 output given (`out=` and friends) where the op takes them (GPU only).
 
-    python bench/host_time.py [--name host_time]    # or through bench/bench.py
+    python bench/host_time.py [--name host_time] [--families mhc,engram]    # or through bench/bench.py
 
 Each case builds its inputs once; the timing is harness.host_us_per_call (the CPU time of a
 loop of calls that never waits for the GPU). get_fused_mapping is timed in its no-sync
@@ -237,22 +237,26 @@ def _mhc_pre_norm():
     }
 
 
-def cases() -> dict:
+FAMILIES = {"quant": lambda: _quant(), "moe": lambda: _moe(), "engram": lambda: _engram(), "mhc": lambda: _mhc(),
+            "others": lambda: _others()}  # fmt: skip
+
+
+def cases(families=tuple(FAMILIES)) -> dict:
     """public name -> (call allocating its outputs or None, call with every output given /
-    in place, or None where the op takes no outputs)."""
-    return {**_quant(), **_moe(), **_engram(), **_mhc(), **_others()}
+    in place, or None where the op takes no outputs), for the named families' ops."""
+    return {name: case for family in families for name, case in FAMILIES[family]().items()}
 
 
 # Public functions that launch nothing on the GPU (no host-time case).
 NOT_OPS = {"QuantTensor", "reserve_seed", "set_seed"}
 
 
-def measure() -> dict:
+def measure(families=tuple(FAMILIES)) -> dict:
     x = bf16(T, H)
     y = torch.empty_like(x)
     mul = harness.host_us_per_call(lambda: torch.mul(x, 2, out=y), ())
     rows = []
-    for name, (alloc, given) in cases().items():
+    for name, (alloc, given) in cases(families).items():
         row = {"op": name}
         for label, fn in (("allocated", alloc), ("given", given)):
             if fn is not None:
@@ -277,9 +281,10 @@ def markdown(result: dict) -> list[str]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="host_time")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES))
     args = parser.parse_args()
     env = harness.environment()
-    result = measure()
+    result = measure(tuple(args.families.split(",")))
     out = harness.results_dir()
     harness.write_json(out / f"{args.name}.json", {"environment": env, "command": " ".join(sys.argv), **result})
     text = "\n".join([f"# tilebake host time: {env['gpu']}, {env['date']}, torch {env['torch']}", "",

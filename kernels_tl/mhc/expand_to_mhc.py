@@ -54,14 +54,18 @@ def build(v: ExpandToMhcVariant):
             gs = T.alloc_local((MAX_MHC_MULT, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            c = (b * THREADS + tx) * VEC
-            if c < h:
+            # the thread's vector, a variable: vec * VEC + j then stays one 32-bit term of the
+            # addresses (from (b * THREADS + tx) * VEC, TileLang widens each term to 64 bits and nvcc
+            # splits the 16-byte store into four 4-byte ones)
+            vec = T.alloc_var("int32")
+            vec = b * THREADS + tx
+            if vec * VEC < h:
                 # every stream's vector in flight before the first add (a loop over the run-time m
                 # issued one load per add)
                 for i in T.unroll(MAX_MHC_MULT):
                     if i < m:
                         for j in T.vectorized(VEC):
-                            gs[i, j] = OG[t, i, c + j]
+                            gs[i, j] = OG[t, i, vec * VEC + j]
                 for j in T.unroll(VEC):
                     acc[j] = T.cast(gs[0, j], "float32")
                 for i in T.unroll(MAX_MHC_MULT - 1):
@@ -71,6 +75,6 @@ def build(v: ExpandToMhcVariant):
                 for j in T.unroll(VEC):
                     ys[j] = T.cast(acc[j], "bfloat16")
                 for j in T.vectorized(VEC):
-                    XG[t, c + j] = ys[j]
+                    XG[t, vec * VEC + j] = ys[j]
 
     return expand_to_mhc_bwd_kernel

@@ -49,14 +49,15 @@ def _forward(MAX_M):
             rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            c = (b * THREADS + tx) * VEC
-            if c < h:
+            vec = T.alloc_var("int32")
+            vec = b * THREADS + tx
+            if vec * VEC < h:
                 for j in T.vectorized(VEC):
-                    xs[j] = X[t, c + j]
+                    xs[j] = X[t, vec * VEC + j]
                 for i in T.unroll(MAX_M):
                     if i < m:
                         for j in T.vectorized(VEC):
-                            rs[i, j] = R[t, i, c + j]
+                            rs[i, j] = R[t, i, vec * VEC + j]
                 for o in T.serial(m):
                     post = POST[t, o]
                     for j in T.unroll(VEC):
@@ -69,7 +70,7 @@ def _forward(MAX_M):
                     for j in T.unroll(VEC):
                         ys[j] = T.cast(acc[j], "bfloat16")
                     for j in T.vectorized(VEC):
-                        OUT[t, o, c + j] = ys[j]
+                        OUT[t, o, vec * VEC + j] = ys[j]
 
     return mhc_post_fwd_kernel
 

@@ -28,6 +28,24 @@ def build(v: MhcPreApplyMixVariant):
     return _forward() if v.direction == "fwd" else _backward()
 
 
+@T.macro
+def mix_store(O, t, vec, W, w_row, xs, u, mhc_mult, max_m: int, acc, ys):  # (mhc_mult: TileLang names the size after it)
+    """O[t]'s vector vec = bf16(W[w_row, 0] xs[u, 0] + W[w_row, 1] xs[u, 1] + ... over the
+    mhc_mult streams, in order), each product and sum rounded on its own (fp32): the forward's
+    arithmetic, also kernels_tl/mhc/mhc_pre_big_fuse.py's."""
+    for j in T.unroll(VEC):
+        acc[j] = T.ieee_mul(W[w_row, 0], T.cast(xs[u, 0, j], "float32"))
+    for i in T.unroll(max_m - 1):
+        if i + 1 < mhc_mult:
+            w = W[w_row, i + 1]
+            for j in T.unroll(VEC):
+                acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+    for j in T.unroll(VEC):
+        ys[j] = T.cast(acc[j], "bfloat16")
+    for j in T.vectorized(VEC):
+        O[t, vec * VEC + j] = ys[j]
+
+
 def _forward():
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
@@ -47,29 +65,22 @@ def _forward():
             xs = T.alloc_local((FWD_TOKENS, MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
-            c = (b * THREADS + tx) * VEC
-            if c < h:
+            # the thread's vector, a variable: vec * VEC + j then stays one 32-bit term of the
+            # addresses (from (b * THREADS + tx) * VEC, TileLang widens each term to 64 bits and nvcc
+            # splits the 16-byte store into four 4-byte ones)
+            vec = T.alloc_var("int32")
+            vec = b * THREADS + tx
+            if vec * VEC < h:
                 for u in T.unroll(FWD_TOKENS):  # every vector in flight at once: one DRAM latency
                     if tb * FWD_TOKENS + u < n:
                         for i in T.unroll(MAX_M):
                             if i < m:
                                 for j in T.vectorized(VEC):
-                                    xs[u, i, j] = X[tb * FWD_TOKENS + u, i, c + j]
+                                    xs[u, i, j] = X[tb * FWD_TOKENS + u, i, vec * VEC + j]
                 for u in T.unroll(FWD_TOKENS):
                     t = tb * FWD_TOKENS + u
                     if t < n:
-                        w0 = MIX[t, 0]
-                        for j in T.unroll(VEC):
-                            acc[j] = T.ieee_mul(w0, T.cast(xs[u, 0, j], "float32"))
-                        for i in T.unroll(MAX_M - 1):
-                            if i + 1 < m:
-                                w = MIX[t, i + 1]
-                                for j in T.unroll(VEC):
-                                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
-                        for j in T.unroll(VEC):
-                            ys[j] = T.cast(acc[j], "bfloat16")
-                        for j in T.vectorized(VEC):
-                            O[t, c + j] = ys[j]
+                        mix_store(O, t, vec, MIX, t, xs, u, m, MAX_M, acc, ys)
 
     return mhc_pre_apply_mix_fwd_kernel
 

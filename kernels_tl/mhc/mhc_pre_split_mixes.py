@@ -34,7 +34,7 @@ def build(v: MhcPreSplitMixesVariant):
     return {"fwd": _forward, "bwd": _backward, "bwd_reduce": _reduce}[v.direction]()
 
 
-def _sigmoid(y):
+def sigmoid(y):
     return T.ieee_fdiv(T.float32(1), T.ieee_add(T.float32(1), T.exp(-y)))
 
 
@@ -71,7 +71,7 @@ def _forward():
                 sc = T.if_then_else(c < m, SCALE[0], T.if_then_else(c < 2 * m, SCALE[1], SCALE[2]))
                 y = T.ieee_add(T.ieee_mul(x, sc), BASE[c])
                 if c < 2 * m:  # one sigmoid path a warp for the pre and post columns
-                    sg = _sigmoid(y)
+                    sg = sigmoid(y)
                     if c < m:
                         PRE[t, c] = T.ieee_add(sg, pre_eps)
                     else:
@@ -152,7 +152,7 @@ def _backward():
                             if seg == 2:
                                 gy = gs[u]
                             else:
-                                s = _sigmoid(T.ieee_add(T.ieee_mul(xs[u], sc), base))
+                                s = sigmoid(T.ieee_add(T.ieee_mul(xs[u], sc), base))
                                 ds = T.ieee_mul(s, T.ieee_sub(T.float32(1), s))
                                 if seg == 0:
                                     gy = T.ieee_mul(gs[u], ds)

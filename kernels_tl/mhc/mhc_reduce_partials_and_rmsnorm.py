@@ -19,7 +19,7 @@ def build(v: MhcReducePartialsAndRmsnormVariant):
     return _forward() if v.direction == "fwd" else _backward()
 
 
-def _rstd(sq, group_size, eps):
+def rms_rstd(sq, group_size, eps):
     return T.ieee_fdiv(T.float32(1), T.ieee_fsqrt(T.ieee_add(T.ieee_fdiv(sq, T.cast(group_size, "float32")), eps)))
 
 
@@ -54,7 +54,7 @@ def _forward():
                 OM[t, n] = acc
                 if n == 0:
                     OS[t] = sq
-                OUT[t, n] = T.ieee_mul(acc, _rstd(sq, rms_group_size, rms_eps))
+                OUT[t, n] = T.ieee_mul(acc, rms_rstd(sq, rms_group_size, rms_eps))
 
     return mhc_reduce_partials_and_rmsnorm_fwd_kernel
 
@@ -78,7 +78,7 @@ def _backward():
             r = T.alloc_var("float32")
             dot = T.alloc_var("float32")
             if t < num_tokens:
-                r = _rstd(OS[t], rms_group_size, rms_eps)
+                r = rms_rstd(OS[t], rms_group_size, rms_eps)
                 dot = T.float32(0)
                 for n in T.serial(num_mixes):
                     g = OG[t, n]

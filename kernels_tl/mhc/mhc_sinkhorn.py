@@ -18,6 +18,8 @@ recomputed from it); then in reverse g = (g - sum(g * y)) / d for y = x / d (the
 and the softmax's p * (g - sum(g * p)).
 """
 
+import types
+
 import tilelang.language as T
 
 from tilebake.mhc.mhc_sinkhorn import SLOTS, MhcSinkhornVariant
@@ -31,12 +33,14 @@ def build(v: MhcSinkhornVariant):
     return _kernel(v.max_mult, v.direction == "bwd")
 
 
-def _kernel(MM: int, backward: bool):
-    n = T.dynamic("num_tokens")
-    m = T.dynamic("mhc_mult")
+def sinkhorn_ops(MM: int, m):
+    """The forward's arithmetic as macros, a token a slot of MM * MM threads (element (i, j) at
+    slot offset i * MM + j; m the run-time stream count): fold / divisor as below, softmax(x, ...)
+    (x this thread's element, 0 past the matrix) and normalize(a, repeat, ...), the 2 repeat - 1
+    steps after it. Shared with kernels_tl/mhc/mhc_pre_big_fuse.py, whose Sinkhorn gives this
+    kernel's bits."""
     NN = MM * MM
-    TOKENS = THREADS // NN  # a CTA's
-    SPLIT = NN > 32  # a column spans warps: exchanged through shared memory
+    SPLIT = NN > 32  # a column spans warps: exchanged through xbuf, (2, the CTA's threads)
 
     @T.macro
     def peer(v, k, col, tx, xbuf, par):
@@ -84,16 +88,37 @@ def _kernel(MM: int, backward: bool):
         return T.ieee_add(d, eps)
 
     @T.macro
-    def softmax(X, t, i, j, eps, a: T.Ref, p: T.Ref, tx, xbuf, par: T.Ref):
-        """p = this element of the rows' softmax of X[t] (0 past the matrix); a = p + eps."""
-        x = T.alloc_var("float32")
-        x = T.float32(0)
-        if t < n and i < m and j < m:
-            x = X[t, i, j]
+    def softmax(x, eps, a: T.Ref, p: T.Ref, tx, xbuf, par: T.Ref):
+        """p = this element of the rows' softmax of the token's x (0 past the matrix); a = p + eps."""
         e = T.alloc_var("float32")
         e = T.exp(T.ieee_sub(x, fold(x, False, "max", tx, xbuf, par)))
         p = T.ieee_fdiv(e, fold(e, False, "add", tx, xbuf, par))
         a = T.ieee_add(p, eps)
+
+    @T.macro
+    def normalize(a: T.Ref, repeat, eps, tx, xbuf, par: T.Ref):
+        for s in T.serial(2 * repeat - 1):
+            a = T.ieee_fdiv(a, divisor(a, s, eps, tx, xbuf, par))
+
+    return types.SimpleNamespace(fold=fold, divisor=divisor, softmax=softmax, normalize=normalize)
+
+
+def _kernel(MM: int, backward: bool):
+    n = T.dynamic("num_tokens")
+    m = T.dynamic("mhc_mult")
+    NN = MM * MM
+    TOKENS = THREADS // NN  # a CTA's
+    SPLIT = NN > 32
+    ops = sinkhorn_ops(MM, m)
+    fold, divisor = ops.fold, ops.divisor
+
+    @T.macro
+    def load_softmax(X, t, i, j, eps, a: T.Ref, p: T.Ref, tx, xbuf, par: T.Ref):
+        x = T.alloc_var("float32")
+        x = T.float32(0)
+        if t < n and i < m and j < m:
+            x = X[t, i, j]
+        ops.softmax(x, eps, a, p, tx, xbuf, par)
 
     if not backward:
 
@@ -114,9 +139,8 @@ def _kernel(MM: int, backward: bool):
                 t = b * TOKENS + tx // NN
                 i = (tx % NN) // MM
                 j = tx % MM
-                softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
-                for s in T.serial(2 * repeat - 1):
-                    a = T.ieee_fdiv(a, divisor(a, s, eps, tx, xbuf, par))
+                load_softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
+                ops.normalize(a, repeat, eps, tx, xbuf, par)
                 if t < n and i < m and j < m:
                     OUT[t, i, j] = a
 
@@ -157,7 +181,7 @@ def _kernel(MM: int, backward: bool):
             g = T.float32(0)
             if t < n and i < m and j < m:
                 g = G[t, i, j]  # loaded first: its latency hidden by the forward
-            softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
+            load_softmax(X, t, i, j, eps, a, p, tx, xbuf, par)
             for s in T.serial(steps):
                 d = divisor(a, s, eps, tx, xbuf, par)
                 if r == 0:

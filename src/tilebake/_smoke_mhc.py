@@ -139,3 +139,15 @@ def _mhc_multilayer_recompute(d):
         if i < layers - 1:
             residual = ref.mhc_post_ref(outs[i], residual, post[i], comb[i])
             _same(f"residual_list[{i}]", residuals[i], residual)
+
+
+@smoke_case("mhc_pre_big_fuse")
+def _mhc_pre_big_fuse(d):
+    g = _gen()
+    residual = torch.randn(T, M, H, generator=g).bfloat16()
+    pm, ps = torch.randn(2, T, 1, 24, generator=g), torch.rand(2, T, 1, generator=g) * (M * H)
+    scale, base = torch.rand(3, generator=g) + 0.5, torch.randn(24, generator=g) * 0.1
+    want = tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, residual, n_splits=2)  # the references' chain
+    got = tilebake.mhc.mhc_pre_big_fuse_fwd(*(_on(t, d) for t in (pm, ps, scale, base, residual)), n_splits=2)
+    for name, a, b, tol in zip(("post_mix", "comb_mix", "layer_input"), got, want, (1e-5, 1e-5, 1e-2)):
+        _close(name, a, b, rtol=tol, atol=tol)

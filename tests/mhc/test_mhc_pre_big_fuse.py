@@ -10,7 +10,10 @@ from tests.helpers import assert_bytes_equal, poison_
 from tilebake.torch.mhc import mhc_pre_norm_fn_ref, mhc_pre_split_mixes_ref, sinkhorn_normalize_ref
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-SHAPES = [((1,), 4, 128, 16), ((8001,), 4, 512, 16), ((2, 33), 2, 256, 3), ((5,), 8, 128, 1), ((17,), 1, 128, 2)]
+# m <= 4 takes the fused kernel (T = 1, 8001, 65536; hidden 1032 and 7168 leave the last column
+# block partial; any n_splits), m = 8 the chain of single-step kernels
+SHAPES = [((1,), 4, 128, 16), ((8001,), 4, 512, 16), ((2, 33), 2, 256, 3), ((5,), 8, 128, 1), ((17,), 1, 128, 2),
+          ((65536,), 4, 128, 4), ((3,), 3, 1032, 5), ((2,), 4, 7168, 1), ((9,), 6, 136, 2)]
 
 
 def inputs(lead, m, hidden, n_splits, device):
@@ -62,3 +65,16 @@ def test_rejects_bad_arguments():
         fuse(pm, ps, scale, base, residual, n_splits=16)
     with pytest.raises(TypeError, match="residual must be bfloat16"):
         fuse(pm, ps, scale, base, residual.float())
+
+
+def test_rejects_outputs_over_inputs():
+    residual, fn, scale, base, (pm, ps) = inputs((6,), 4, 128, 2, "cpu")
+    with pytest.raises(ValueError, match=r"layer_input must not share storage with the inputs .*\(residual\)"):
+        tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, residual, layer_input=residual.view(-1)[: 6 * 128].view(6, 128),
+                                          n_splits=2)  # fmt: skip
+    with pytest.raises(ValueError, match="post_mix and comb_mix must not overlap"):
+        mixes = torch.empty(6 * 4 + 6 * 16)  # comb's first entries are post's last
+        tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, residual, mixes[:24].view(6, 4), mixes[20:116].view(6, 16),
+                                          n_splits=2)  # fmt: skip
+    with pytest.raises(ValueError, match="comb_mix must have shape"):
+        tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, residual, comb_mix=torch.empty(6, 4, 5), n_splits=2)

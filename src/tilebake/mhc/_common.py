@@ -60,3 +60,21 @@ def check_float(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
     return float(value)
+
+
+def check_disjoint(inputs: dict, outputs: dict) -> None:
+    """No output's bytes overlap an input's or another output's (a kernel reading an input
+    after a write to an output would see it). A sweep over the byte ranges sorted by start."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), is_out, name)
+                   for is_out, named in ((False, inputs), (True, outputs))
+                   for name, t in named.items() if t.numel())  # fmt: skip
+    reach = {False: (0, ""), True: (0, "")}  # the furthest end so far of an input, of an output; whose
+    for start, end, is_out, name in spans:
+        for other_is_out in (False, True) if is_out else (True,):
+            other_end, other = reach[other_is_out]
+            if start < other_end:
+                if is_out and other_is_out:
+                    raise ValueError(f"{other} and {name} must not overlap")
+                out, into = (name, other) if is_out else (other, name)
+                raise ValueError(f"{out} must not share storage with the inputs it is computed from ({into})")
+        reach[is_out] = max(reach[is_out], (end, name))

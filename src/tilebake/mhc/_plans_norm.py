@@ -80,3 +80,39 @@ def reduce_partials_bwd(kernel, device, given, rms_group_size, rms_eps):
             b.bump(t)
     b.returns((omg, sqg))
     return b.build()
+
+
+def big_fuse_fwd(kernel, device, num_lead, nds, n_splits, repeat, scalars):
+    """run(gemm_out_mul (S, T, 1, N), gemm_out_sqrsum (S, T, 1), scale (3,), base (N,), residual
+    (..., M, H), post_mix, comb_mix, layer_input (each given or None)) -> (post_mix, comb_mix,
+    layer_input); nds: the given outputs' ranks (None: allocated); scalars: rms_eps, pre_eps,
+    sinkhorn_eps, post_mult."""
+    b = plan.Builder()
+    lead = _lead(num_lead)
+    x = dense(b, 4, BF16, lead + ["M", "H"])
+    b.let("T", " * ".join(lead) or 1)
+    b.let("N", "M * (M + 2)")
+    b.check(f"T >= 1 and M >= 1 and M <= {kernel.variant.max_mult} and H >= 8 and H % 8 == 0 "
+            f"and T * M * H < {_INT_LIMIT} and T * N * {n_splits} < {_INT_LIMIT}")  # fmt: skip
+    inputs = [dense(b, 0, FP32, [n_splits, "T", 1, "N"]), dense(b, 1, FP32, [n_splits, "T", 1]),
+              dense(b, 2, FP32, [3]), dense(b, 3, FP32, ["N"]), x]  # fmt: skip
+    # a given output's accepted shapes: post (..., M, 1) or (..., M), comb (..., M, M) or (..., M * M)
+    shapes = ((lead + ["M", 1], lead + ["M"]), (lead + ["M", "M"], lead + ["M * M"]), (lead + ["H"],))
+    outs = []
+    for i, (nd, dtype) in enumerate(zip(nds, (FP32, FP32, BF16))):
+        if nd is None:
+            outs.append(b.alloc(dtype, shapes[i][0]))
+            continue
+        outs.append(dense(b, 5 + i, dtype, next(s for s in shapes[i] if len(s) == nd)))
+        for other in inputs + outs[:-1]:
+            b.disjoint(outs[-1], other)
+    post, comb, out = outs
+    rms_eps, pre_eps, sinkhorn_eps, post_mult = scalars
+    b.launch(kernel, device, PM=inputs[0], PS=inputs[1], SCALE=inputs[2], BASE=inputs[3], X=x, POST=post, COMB=comb,
+             O=out, num_tokens="T", mhc_mult="M", mix_cols="N", hidden="H", n_splits=n_splits, rms_group_size="M * H",
+             repeat=repeat, rms_eps=rms_eps, pre_eps=pre_eps, eps=sinkhorn_eps, post_mult=post_mult)  # fmt: skip
+    for ref, nd in zip(outs, nds):
+        if nd is not None:
+            b.bump(ref)
+    b.returns((post, comb, out))
+    return b.build()

@@ -23,7 +23,14 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
-from tilebake.mhc._common import MAX_MHC_MULT, check_aligned, check_mult_and_hidden, check_shape, check_streams
+from tilebake.mhc._common import (
+    MAX_MHC_MULT,
+    check_aligned,
+    check_disjoint,
+    check_mult_and_hidden,
+    check_shape,
+    check_streams,
+)
 
 # Layers a launch. Its parameters are 6 pointers a layer + the initial residual + 5 sizes: 72 at
 # LMAX = 11, the native launcher's limit (src/tilebake/_runtime/launcher.c, MAX_ARGS): the
@@ -65,24 +72,6 @@ def _check_mix(t, name: str, lead: tuple, mhc_mult: int, like: torch.Tensor) -> 
     check_shape(t, name, t.shape, like, "initial_residual")
 
 
-def _check_disjoint(inputs: dict, outputs: dict) -> None:
-    """No output's bytes overlap an input's or another output's (the kernel reads each input once,
-    before or without the chain's writes). A sweep over the byte ranges sorted by start."""
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), is_out, name)
-                   for is_out, named in ((False, inputs), (True, outputs))
-                   for name, t in named.items() if t.numel())  # fmt: skip
-    reach = {False: (0, ""), True: (0, "")}  # the furthest end so far of an input, of an output; whose
-    for start, end, is_out, name in spans:
-        for other_is_out in (False, True) if is_out else (True,):
-            other_end, other = reach[other_is_out]
-            if start < other_end:
-                if is_out and other_is_out:
-                    raise ValueError(f"{other} and {name} must not overlap")
-                out, into = (name, other) if is_out else (other, name)
-                raise ValueError(f"{out} must not share storage with the inputs it is computed from ({into})")
-        reach[is_out] = max(reach[is_out], (end, name))
-
-
 def _check(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list,
            residual_list):  # fmt: skip
     """(tokens, m, hidden) of checked arguments (the list lengths already checked)."""
@@ -108,7 +97,7 @@ def _check(initial_residual, pre_mix_list, layer_output_list, post_mix_list, com
     inputs = {"initial_residual": r0, **{f"{n}[{i}]": t for n, items in lists.items() for i, t in enumerate(items)}}
     outputs = {f"{n}[{i}]": t for n, items in (("layer_input_list", layer_input_list), ("residual_list", residual_list))
                for i, t in enumerate(items)}  # fmt: skip
-    _check_disjoint(inputs, outputs)
+    check_disjoint(inputs, outputs)
     return r0.numel() // (mhc_mult * hidden), mhc_mult, hidden
 
 
