@@ -128,6 +128,33 @@ def mhc_fn_normw_merge_bwd_case(num_tokens, hidden):
     }
 
 
+def _big_fuse_inputs(num_tokens, hidden):
+    residual, fn = _projection_inputs(num_tokens, hidden)
+    pm, ps = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn, SPLITS)
+    return pm, ps, torch.rand(3, device="cuda") + 0.5, torch.randn(MIXES, device="cuda") * 0.1, residual
+
+
+def _big_fuse_ref(pm, ps, scale, base, residual):
+    """The training path's chain, op by op (the same bytes)."""
+    m, hidden = residual.shape[-2:]
+    _, _, mixes = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=m * hidden)
+    pre, post, comb = tilebake.mhc.mhc_pre_split_mixes_fwd(mixes.view(-1, MIXES), scale, base)
+    return post, tilebake.mhc.mhc_sinkhorn_fwd(comb), tilebake.mhc.mhc_pre_apply_mix_fwd(residual, pre)
+
+
+def mhc_pre_big_fuse_case(num_tokens, hidden):
+    return {
+        "op": "mhc_pre_big_fuse",
+        "variant": f"{M} streams, {SPLITS} splits",
+        "make": lambda: _big_fuse_inputs(num_tokens, hidden),
+        "fn": lambda *a: tilebake.mhc.mhc_pre_big_fuse_fwd(*a, n_splits=SPLITS),
+        "ref": _big_fuse_ref,
+        "check": lambda got, want: all(torch.equal(g, w) for g, w in zip(got, want)),
+        # the residual read, the layer input written; the partials and mixes
+        "bytes": num_tokens * hidden * 2 * (M + 1) + num_tokens * (SPLITS * (MIXES + 1) + 2 * M + M * M) * 4,
+    }
+
+
 LAYERS = 3  # the multilayer recompute's chain (the post step on every layer)
 
 
@@ -175,4 +202,5 @@ CASES = {
     "mhc_reduce_partials_and_rmsnorm": [mhc_reduce_partials_and_rmsnorm_case, mhc_reduce_partials_and_rmsnorm_bwd_case],
     "mhc_fn_normw_merge": [mhc_fn_normw_merge_case, mhc_fn_normw_merge_bwd_case],
     "mhc_multilayer_recompute": [mhc_multilayer_recompute_case],
+    "mhc_pre_big_fuse": [mhc_pre_big_fuse_case],
 }

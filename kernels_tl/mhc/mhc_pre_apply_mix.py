@@ -32,7 +32,7 @@ def build(v: MhcPreApplyMixVariant):
 def mix_store(O, t, vec, W, w_row, xs, u, mhc_mult, max_m: int, acc, ys):  # (mhc_mult: TileLang names the size after it)
     """O[t]'s vector vec = bf16(W[w_row, 0] xs[u, 0] + W[w_row, 1] xs[u, 1] + ... over the
     mhc_mult streams, in order), each product and sum rounded on its own (fp32): the forward's
-    arithmetic, also kernels_tl/mhc/mhc_pre_big_fuse.py's."""
+    arithmetic."""
     for j in T.unroll(VEC):
         acc[j] = T.ieee_mul(W[w_row, 0], T.cast(xs[u, 0, j], "float32"))
     for i in T.unroll(max_m - 1):

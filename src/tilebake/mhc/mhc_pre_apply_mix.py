@@ -41,6 +41,11 @@ class MhcPreApplyMixVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPreApplyMixVariant)
+
+
+def forward_kernel():
+    """The forward's kernel (also mhc_pre_big_fuse_fwd's second launch)."""
+    return _KERNELS["fwd",]
 _PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
