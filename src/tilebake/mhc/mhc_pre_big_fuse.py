@@ -60,6 +60,14 @@ def _nd(t):
     return None if t is None else t.ndim
 
 
+def _key(gemm_out_mul, residual, *rest):
+    """The plan cache's key: the ranks of the partials, the residual and the given outputs (None:
+    allocated), the scalars and their types."""
+    outputs, scalars = rest[:3], rest[3:]
+    return (gemm_out_mul.ndim, residual.ndim, *(_nd(t) for t in outputs), *scalars,
+            tuple(v.__class__ for v in scalars))
+
+
 def _check(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input, n_splits):
     """(tokens, m, hidden) of checked tensors."""
     check_streams(residual, "residual", torch.bfloat16, 2)
@@ -115,16 +123,11 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
     (..., m, 1) fp32 (also accepted: (..., m)), comb_mix (..., m, m) fp32 (also (..., m * m)),
     layer_input (..., H) bf16. n_splits must equal gemm_out_mul's dim 0. All contiguous.
     """
-    compiling = torch.compiler.is_compiling()
-    key = (gemm_out_mul.ndim if isinstance(gemm_out_mul, torch.Tensor) else None,
-           residual.ndim if isinstance(residual, torch.Tensor) else None, _nd(post_mix), _nd(comb_mix),
-           _nd(layer_input), rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits,
-           tuple(v.__class__ for v in (rms_eps, mhc_pre_eps, mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat,
-                                       n_splits)))  # fmt: skip
-    if not compiling:  # dynamo can neither hash the key nor trace the native call
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS[key]
-        except (KeyError, TypeError):
+            call = _PLANS[_key(gemm_out_mul, residual, post_mix, comb_mix, layer_input, rms_eps, mhc_pre_eps,
+                               mhc_sinkhorn_eps, mhc_post_mult_value, sinkhorn_repeat, n_splits)]  # fmt: skip
+        except (KeyError, TypeError, AttributeError):
             pass
         else:
             result = plan.run(call, gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix,
@@ -137,7 +140,7 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
                                                      (mhc_sinkhorn_eps, "mhc_sinkhorn_eps"),
                                                      (mhc_post_mult_value, "mhc_post_mult_value"))]  # fmt: skip
     repeat = check_int(sinkhorn_repeat, "sinkhorn_repeat", 1)
-    if compiling or not residual.is_cuda or m > FUSED_MULT or num_tokens == 0:
+    if torch.compiler.is_compiling() or not residual.is_cuda or m > FUSED_MULT or num_tokens == 0:
         return _chain(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post_mix, comb_mix, layer_input,
                       *scalars, repeat, n_splits)  # fmt: skip
     lead = tuple(residual.shape[:-2])
@@ -153,6 +156,8 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
           num_tokens, m, m * (m + 2), n_splits, m * hidden, repeat, *scalars)  # fmt: skip
     apply(device, residual.data_ptr(), pre.data_ptr(), out.data_ptr(), num_tokens, m, hidden)
     plan.bump(post_mix, comb_mix, layer_input)
+    key = _key(gemm_out_mul, residual, post_mix, comb_mix, layer_input, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps,
+               mhc_post_mult_value, sinkhorn_repeat, n_splits)  # fmt: skip
     plan.remember(_PLANS, key, _plans_norm.big_fuse_fwd, mixes, apply, device, residual.ndim - 2, key[2:5], n_splits,
                   repeat, scalars)  # fmt: skip
     return post, comb, out
