@@ -20,8 +20,6 @@ PYTHON_PATH: dict[str, str] = {
     "directly; norm_backward's plan launches it natively",
     "mhc_pre_norm_gemm: backward, 4 streams, 24 mixes (residual grad allocated)": "its partial-row count follows "
     "the token count, which a plan cannot compute (a long kernel at training sizes beside its host path)",
-    "mhc_multilayer_recompute: 3 layers, 4 streams": "list arguments, which a call plan does not take (one call "
-    "a step, a long kernel at training sizes)",
     # fn's weight-only ops run once a step at training sizes; no call plans yet.
     **{f"{op}: {variant}": "no call plan yet" for op, variant in (
         ("mhc_fn_normw_merge", "forward, 24 x 4 hidden (no token dim)"),

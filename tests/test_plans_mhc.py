@@ -157,3 +157,54 @@ def test_head_compute_mix_plans(given):
     grads, launches = trace(_plans_mix.head_bwd(bwd, 0, 2, flags, None if given else 9), g, x, s, b, out, sp, bp)
     assert (grads[1].shape, grads[2].shape) == (((5, 1), (5, M)) if given else ((9, 1), (9, M)))
     assert params_of(bwd, launches[0])["num_partials"] == (5 if given else 9)
+
+
+multilayer = importlib.import_module("tilebake.mhc.mhc_multilayer_recompute")
+
+
+@pytest.mark.parametrize("layers,posts", [(1, 0), (3, 3), (3, 2), (multilayer.LMAX, multilayer.LMAX)])
+def test_multilayer_plan(layers, posts):
+    kernel = ManifestKernel(multilayer.MhcMultilayerRecomputeVariant(4, True))
+    r0 = bf16(*LEAD, M, H)
+    pre_mix = [torch.rand(*LEAD, M, *((1,) if i % 2 else ())) for i in range(layers)]  # (..., M) and (..., M, 1)
+    outs, post_mix = [bf16(*LEAD, H) for _ in range(posts)], [torch.rand(*LEAD, M, 1) for _ in range(posts)]
+    comb = [torch.rand(*LEAD, M, M) for _ in range(posts)]
+    inputs, residuals = [bf16(*LEAD, H) for _ in range(layers)], [bf16(*LEAD, M, H) for _ in range(posts)]
+    args = [r0, pre_mix, outs, post_mix, comb, inputs, residuals]
+    p = _plans.multilayer(kernel, 0, 2, M, tuple(t.ndim for t in pre_mix), tuple(t.ndim for t in post_mix))
+    result, launches = trace(p, *args)
+    assert result is None
+    lmax, residual = multilayer.LMAX, r0
+    assert len(launches) == 1  # (more than LMAX layers: the Python path's launches)
+    for chunk, launch in enumerate(launches):  # the Python path's arguments, chunk by chunk
+        got, start = params_of(kernel, launch), chunk * lmax
+        chunk_layers, chunk_posts = min(lmax, layers - start), max(0, min(posts - start, lmax))
+        want = dict(R0=residual.data_ptr(), num_tokens=6, mhc_mult=M, hidden=H, num_layers=chunk_layers,
+                    num_post=chunk_posts)  # fmt: skip
+        for k in range(lmax):
+            i, has_pre, has_post = start + k, k < chunk_layers, k < chunk_posts
+            for name, items, here in (("PRE", pre_mix, has_pre), ("LO", outs, has_post), ("POST", post_mix, has_post),
+                                      ("COMB", comb, has_post), ("LI", inputs, has_pre), ("RL", residuals, has_post)):  # fmt: skip
+                want[f"{name}{k}"] = items[i].data_ptr() if here else 0
+        assert got == want
+        if chunk_posts:
+            residual = residuals[start + chunk_posts - 1]
+    assert trace(p, *(tuple(a) if isinstance(a, list) else a for a in args))[0] is None  # tuples too
+    bad = [
+        (0, bf16(*LEAD, 8, H)),  # another m
+        (1, [t.double() for t in pre_mix]),
+        (5, [t.float() for t in inputs]),
+        (5, [r0[..., 0, :]] + inputs[1:]),  # not contiguous
+        (5, [r0.view(-1)[: 6 * H].view(*LEAD, H)] + inputs[1:]),  # an output over an input
+        (6, residuals[:-1] + [inputs[0].view(-1).repeat(M).view(*LEAD, M, H)[:]] if posts else residuals),
+    ]
+    for index, value in bad:
+        changed = list(args)
+        changed[index] = value
+        if index == 6 and not posts:
+            continue
+        if index == 6:  # two outputs over each other: the last residual over the first layer input
+            both = torch.empty(6 * M * H + 6 * H, dtype=torch.bfloat16)
+            changed[5] = [both[: 6 * H].view(*LEAD, H)] + inputs[1:]
+            changed[6] = residuals[:-1] + [both[6 * H - 8 : 6 * H - 8 + 6 * M * H].view(*LEAD, M, H)]
+        assert trace(p, *changed)[0] is NotImplemented, index

@@ -96,3 +96,24 @@ def test_rejects_unaligned_cuda_tensors():
     shifted = torch.empty(3 * 64 + 1, dtype=torch.bfloat16, device="cuda")[1:].view(3, 64)
     with pytest.raises(ValueError, match="layer_output_list\\[1\\]'s data must be 16-byte aligned"):
         tilebake.mhc.mhc_multilayer_recompute(r0, pre, [out[0], shifted], post, comb, inputs, residuals)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_layers,num_post,lists", [(3, 2, True), (LMAX, LMAX, False)])
+def test_the_call_plan_gives_the_same_bytes(num_layers, num_post, lists):
+    """A second call with the same key takes the native call plan (built by the first)."""
+    import importlib
+
+    from tilebake._runtime import plan
+
+    op = importlib.import_module("tilebake.mhc.mhc_multilayer_recompute")
+    r0, pre, out, post, comb = layers(num_layers, num_post, 33, 4, 1032, "cuda")
+    args = [r0, pre, out, post, comb] if lists else [r0, tuple(pre), tuple(out), tuple(post), tuple(comb)]
+    first, second = outputs(r0, num_layers, num_post), outputs(r0, num_layers, num_post)
+    tilebake.mhc.mhc_multilayer_recompute(*args, *first)
+    if plan.available():
+        assert op._key(*args, *first) in op._PLANS
+    tilebake.mhc.mhc_multilayer_recompute(*args, *second)
+    for name, a, b in zip(("layer_input", "residual"), first, second):
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bytes_equal(y.cpu(), x.cpu(), f"{name} {i}")

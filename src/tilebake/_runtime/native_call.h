@@ -51,15 +51,18 @@ enum {
   OP_LAUNCH,     /* kernel n (kind R)[n] R[3] block[3] smem: kind 'p' 'i' 'l' 'f' (R: float index) */
   OP_BUMP,       /* S: S's version counter + 1 (an in-place or out= write) */
   OP_RETURN,     /* n template[n]: RET_SLOT s | RET_TUPLE k | RET_NONE, prefix order */
+  OP_DISJOINT_SET, /* ni no S[ni + no]: no output (the last no) overlaps an input or another output */
 };
 enum { T_REG, T_CONST, T_ADD, T_SUB, T_MUL, T_FLOORDIV, T_MOD, T_MIN, T_MAX, T_EQ, T_NE, T_LT, T_LE, T_AND, T_OR, T_NOT };
 enum { RET_SLOT, RET_TUPLE, RET_NONE };
-#define MAX_REGS 192
-#define MAX_SLOTS 16
+/* Registers, slots and parameters: mhc_multilayer_recompute's 11-layer plan (541 registers, 67
+ * tensors, 72 kernel parameters). */
+#define MAX_REGS 640
+#define MAX_SLOTS 72
 #define MAX_DIMS 6
 #define MAX_KERNELS 8
 #define MAX_DEVICES 64
-#define MAX_PARAMS 64
+#define MAX_PARAMS 80
 #define MAX_STACK 32
 
 /* An output's last shape (with its dtype and device) and, once seen twice in a row, a

@@ -34,13 +34,15 @@ static int reg_ok(int64_t r) { return r >= 0 && r < MAX_REGS; }
 static int slot_ok(int64_t s) { return s >= 0 && s < MAX_SLOTS; }
 
 static int read_tensor(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs, const int64_t *a) {
-  /* a: arg slot code bits lanes ndim align; arg: index | (item + 1) << 16 for item of a tuple */
-  int64_t index = a[0] & 0xffff, item = (a[0] >> 16) - 1;
+  /* a: arg slot code bits lanes ndim align; arg: index | (item + 1) << 16 for item of a tuple (and
+   * | 1 << 48: or of a list) */
+  int64_t index = a[0] & 0xffff, item = ((a[0] >> 16) & 0xffffffff) - 1, lists = (a[0] >> 48) & 1;
   if (index >= nargs) return 1;
   PyObject *obj = args[index];
   if (item >= 0) {
-    if (!PyTuple_Check(obj) || PyTuple_Size(obj) <= item) return 1; /* lists etc.: the Python path */
-    obj = PyTuple_GetItem(obj, item);
+    if (PyTuple_Check(obj) && PyTuple_Size(obj) > item) obj = PyTuple_GetItem(obj, item);
+    else if (lists && PyList_Check(obj) && PyList_Size(obj) > item) obj = PyList_GetItem(obj, item); /* (borrowed) */
+    else return 1; /* other sequences: the Python path */
   }
   PyTypeObject *type = Py_TYPE(obj);
   if (type != (PyTypeObject *)p->tensor_type && type != (PyTypeObject *)p->param_type)
@@ -280,6 +282,22 @@ int plan_step(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs, int64_t
       extent(&c->dl[ARG(1)], &blo, &bhi);
       *pc += 2;
       return alo < ahi && blo < bhi && alo < bhi && blo < ahi ? 1 : 0;
+    }
+    case OP_DISJOINT_SET: {
+      NEED(2);
+      int64_t ni = ARG(0), no = ARG(1);
+      if (ni < 0 || no < 0 || ni + no > MAX_SLOTS) return bad_plan();
+      NEED(2 + ni + no);
+      uintptr_t lo[MAX_SLOTS], hi[MAX_SLOTS];
+      for (int64_t k = 0; k < ni + no; ++k) {
+        if (!slot_ok(ARG(2 + k)) || !c->obj[ARG(2 + k)]) return bad_plan();
+        extent(&c->dl[ARG(2 + k)], &lo[k], &hi[k]);
+      }
+      *pc += 2 + ni + no;
+      for (int64_t o = ni; o < ni + no; ++o) /* each output against the inputs and the outputs before it */
+        for (int64_t k = 0; k < o; ++k)
+          if (lo[o] < hi[o] && lo[k] < hi[k] && lo[o] < hi[k] && lo[k] < hi[o]) return 1;
+      return 0;
     }
     case OP_ZERO: {
       NEED(2);

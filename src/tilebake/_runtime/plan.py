@@ -32,10 +32,10 @@ import torch
 
 # native_call.h's opcodes, expression tokens and return-template codes.
 (OP_TENSOR, OP_SHAPE, OP_STRIDE, OP_PTR, OP_EXPR, OP_CHECK, OP_ALLOC, OP_VIEW, OP_DISJOINT, OP_ZERO, OP_LAUNCH,
- OP_BUMP, OP_RETURN) = range(1, 14)  # fmt: skip
+ OP_BUMP, OP_RETURN, OP_DISJOINT_SET) = range(1, 15)  # fmt: skip
 T_REG, T_CONST, T_ADD, T_SUB, T_MUL, T_FLOORDIV, T_MOD, T_MIN, T_MAX, T_EQ, T_NE, T_LT, T_LE, T_AND, T_OR, T_NOT = range(16)
 RET_SLOT, RET_TUPLE, RET_NONE = range(3)
-MAX_REGS, MAX_SLOTS = 192, 16
+MAX_REGS, MAX_SLOTS = 640, 72
 
 _BINOPS = {ast.Add: T_ADD, ast.Sub: T_SUB, ast.Mult: T_MUL, ast.FloorDiv: T_FLOORDIV, ast.Mod: T_MOD}
 _COMPARE = {ast.Eq: (T_EQ, False), ast.NotEq: (T_NE, False), ast.Lt: (T_LT, False), ast.LtE: (T_LE, False),
@@ -167,12 +167,13 @@ class Builder:
         self.slots += 1
         return Ref(self.slots - 1, dtype, ndim)
 
-    def tensor(self, arg, dtype: torch.dtype, shape, strides=None, align: int = 16) -> Ref:
-        """Argument `arg` of run() (or (arg, i): item i of that argument, a tuple): a CUDA tensor
+    def tensor(self, arg, dtype: torch.dtype, shape, strides=None, align: int = 16, lists: bool = False) -> Ref:
+        """Argument `arg` of run() (or (arg, i): item i of that argument, a tuple, or a list too where
+        `lists`: an op whose Python path takes either): a CUDA tensor
         (exactly torch.Tensor) of this dtype and shape, its data `align`-byte aligned; strides:
         per dim a symbol, an int or an expression to check, or None (any)."""
         ref = self._slot(dtype, len(shape))
-        index = arg if isinstance(arg, int) else arg[0] | (arg[1] + 1) << 16
+        index = arg if isinstance(arg, int) else arg[0] | (arg[1] + 1) << 16 | int(lists) << 48
         self.code += [OP_TENSOR, index, ref.slot, *_DL_DTYPES[dtype], len(shape), align]
         for d, spec in enumerate(shape):
             self._bind(OP_SHAPE, ref, d, spec)
@@ -204,6 +205,10 @@ class Builder:
 
     def disjoint(self, a: Ref, b: Ref) -> None:
         self.code += [OP_DISJOINT, a.slot, b.slot]
+
+    def disjoint_set(self, inputs: list, outputs: list) -> None:
+        """No output's memory overlaps an input's or another output's (one pass over their extents)."""
+        self.code += [OP_DISJOINT_SET, len(inputs), len(outputs), *(r.slot for r in (*inputs, *outputs))]
 
     def zero(self, ref: Ref, nbytes) -> None:
         self.code += [OP_ZERO, ref.slot, self.value(nbytes)]

@@ -17,11 +17,11 @@ def _lead(num_lead: int) -> list[str]:
     return [f"n{i}" for i in range(num_lead)]
 
 
-def dense(b: plan.Builder, arg, dtype, dims: list) -> plan.Ref:
+def dense(b: plan.Builder, arg, dtype, dims: list, lists: bool = False) -> plan.Ref:
     """Argument `arg`: a contiguous tensor of shape `dims` (symbols bound on first use, else
-    checked), 16-byte aligned (bf16) or 4-byte (fp32)."""
+    checked), 16-byte aligned (bf16) or 4-byte (fp32); lists: as plan.Builder.tensor's."""
     strides = [" * ".join(str(d) for d in dims[i + 1 :]) or 1 for i in range(len(dims))]
-    return b.tensor(arg, dtype, tuple(dims), strides=tuple(strides), align=16 if dtype == BF16 else 4)
+    return b.tensor(arg, dtype, tuple(dims), strides=tuple(strides), align=16 if dtype == BF16 else 4, lists=lists)
 
 
 def sizes(b: plan.Builder, num_lead: int) -> None:
@@ -126,4 +126,44 @@ def pre_apply_mix_bwd(kernel, device, num_lead, flat_mix, given):
     if given:
         b.bump(xg)
     b.returns(mix_grad)
+    return b.build()
+
+
+def multilayer(kernel, device, num_lead, m, pre_nds, post_nds):
+    """run(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list,
+    layer_input_list, residual_list) -> None, for L = len(pre_nds) layers, the first
+    len(post_nds) with a post step, m streams (the kernel's class); pre_nds / post_nds: each mix's
+    rank ((..., M) or (..., M, 1)). One launch: L <= LMAX (the op's Python path launches a chunk of
+    LMAX layers at a time beyond)."""
+    from tilebake.mhc.mhc_multilayer_recompute import LAYER_PARAMS, LMAX
+
+    b = plan.Builder()
+    lead = _lead(num_lead)
+    r0 = dense(b, 0, BF16, lead + ["M", "H"])
+    sizes(b, num_lead)
+    b.check(f"M == {m}")
+
+    def mix(arg, i, nd):
+        return dense(b, (arg, i), FP32, lead + ["M"] if nd == num_lead + 1 else lead + ["M", 1], lists=True)
+
+    layers, posts = len(pre_nds), len(post_nds)
+    pre = [mix(1, i, nd) for i, nd in enumerate(pre_nds)]
+    outs = [dense(b, (2, i), BF16, lead + ["H"], lists=True) for i in range(posts)]
+    post = [mix(3, i, nd) for i, nd in enumerate(post_nds)]
+    comb = [dense(b, (4, i), FP32, lead + ["M", "M"], lists=True) for i in range(posts)]
+    inputs = [dense(b, (5, i), BF16, lead + ["H"], lists=True) for i in range(layers)]
+    residuals = [dense(b, (6, i), BF16, lead + ["M", "H"], lists=True) for i in range(posts)]
+    b.disjoint_set([r0, *pre, *outs, *post, *comb], [*inputs, *residuals])
+    if layers > LMAX:
+        raise ValueError(f"call plan: {layers} layers, more than a launch's {LMAX}")
+    params = dict(R0=r0, num_tokens="T", mhc_mult="M", hidden="H", num_layers=layers, num_post=posts)
+    for i in range(LMAX):  # unused layers' pointers are never read: null
+        has_pre, has_post = i < layers, i < posts
+        per_layer = (pre[i] if has_pre else None, outs[i] if has_post else None, post[i] if has_post else None,
+                     comb[i] if has_post else None, inputs[i] if has_pre else None, residuals[i] if has_post else None)
+        params.update({f"{name}{i}": ref for name, ref in zip(LAYER_PARAMS, per_layer)})
+    b.launch(kernel, device, **params)
+    for ref in (*inputs, *residuals):
+        b.bump(ref)
+    b.returns(None)
     return b.build()

@@ -23,6 +23,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans
 from tilebake.mhc._common import (
     MAX_MHC_MULT,
     check_aligned,
@@ -63,6 +64,16 @@ class MhcMultilayerRecomputeVariant(Variant):
 MAX_MULTS = (4, MAX_MHC_MULT)
 EXACT_MULT = 4
 _KERNELS = KernelTable(MhcMultilayerRecomputeVariant)
+_PLANS = plan.cache()  # by _key
+
+
+def _key(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list,
+         residual_list) -> tuple:  # fmt: skip
+    """The plan cache's key: the residual's rank and m, each pre and post mix's rank (their number:
+    the layer and post-step counts), the other lists' lengths."""
+    return (initial_residual.ndim, initial_residual.shape[-2], tuple(t.ndim for t in pre_mix_list),
+            tuple(t.ndim for t in post_mix_list), len(layer_output_list), len(comb_mix_list), len(layer_input_list),
+            len(residual_list))  # fmt: skip
 
 
 def _check_mix(t, name: str, lead: tuple, mhc_mult: int, like: torch.Tensor) -> None:
@@ -110,6 +121,17 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: Seque
     pre, post mixes (..., m) or (..., m, 1) fp32, comb mixes (..., m, m) fp32, layer outputs
     (..., H) bf16. All contiguous, on one device, no output overlapping another tensor; on CUDA
     the bf16 tensors 16-byte aligned, H a multiple of 8."""
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[_key(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list,
+                               layer_input_list, residual_list)]  # fmt: skip
+        except (KeyError, TypeError, AttributeError, IndexError):
+            pass
+        else:
+            result = plan.run(call, initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list,
+                              layer_input_list, residual_list)  # fmt: skip
+            if result is not NotImplemented:
+                return result
     num_layers, num_post = len(pre_mix_list), len(post_mix_list)
     if num_post not in (num_layers, num_layers - 1) or num_layers < 1:
         raise ValueError(f"post_mix_list must hold L or L - 1 mixes for L = len(pre_mix_list) = {num_layers} >= 1 layers, "
@@ -156,3 +178,8 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: Seque
         if posts:
             residual = residual_list[start + posts - 1]
     plan.bump(*layer_input_list, *residual_list)
+    key = _key(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list, layer_input_list,
+               residual_list)  # fmt: skip
+    if num_layers <= LMAX:  # one launch (a plan holds at most 72 tensors)
+        plan.remember(_PLANS, key, _plans.multilayer, kernel, device, initial_residual.ndim - 2, mhc_mult, key[2],
+                      key[3])  # fmt: skip
