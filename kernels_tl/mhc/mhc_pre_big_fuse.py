@@ -16,7 +16,7 @@ column block's, before its stores) made it 182 us against 156 for the chain at 8
 
 import tilelang.language as T
 
-from kernels_tl.mhc.mhc_pre_split_mixes import sigmoid
+from kernels_tl.mhc.mhc_pre_split_mixes import scaled, sigmoid
 from kernels_tl.mhc.mhc_reduce_partials_and_rmsnorm import rms_rstd
 from kernels_tl.mhc.mhc_sinkhorn import sinkhorn_ops
 from tilebake.mhc.mhc_pre_big_fuse import MhcPreBigFuseVariant
@@ -71,8 +71,7 @@ def build(v: MhcPreBigFuseVariant):
                     mix = T.ieee_add(mix, PM[s + 1, t, c])
                     sq = T.ieee_add(sq, PS[s + 1, t])
                 mix = T.ieee_mul(mix, rms_rstd(sq, rms_group_size, rms_eps))
-                sc = T.if_then_else(c < m, SCALE[0], T.if_then_else(c < 2 * m, SCALE[1], SCALE[2]))
-                y = T.ieee_add(T.ieee_mul(mix, sc), BASE[c])
+                y = scaled(mix, c, m, SCALE, BASE)
                 if c < 2 * m:
                     sg = sigmoid(y)
                     if c < m:

@@ -38,6 +38,13 @@ def sigmoid(y):
     return T.ieee_fdiv(T.float32(1), T.ieee_add(T.float32(1), T.exp(-y)))
 
 
+def scaled(x, c, m, SCALE, BASE):
+    """y = x * scale[segment of column c] + base[c] (the segment's scale by selects: its three loads
+    need no division). Also kernels_tl/mhc/mhc_pre_big_fuse.py's."""
+    sc = T.if_then_else(c < m, SCALE[0], T.if_then_else(c < 2 * m, SCALE[1], SCALE[2]))
+    return T.ieee_add(T.ieee_mul(x, sc), BASE[c])
+
+
 def _forward():
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
@@ -67,9 +74,7 @@ def _forward():
             c = e - t * m3
             if e < n * m3:
                 x = MIX[e]
-                # the segment's scale by selects (its three loads need no division)
-                sc = T.if_then_else(c < m, SCALE[0], T.if_then_else(c < 2 * m, SCALE[1], SCALE[2]))
-                y = T.ieee_add(T.ieee_mul(x, sc), BASE[c])
+                y = scaled(x, c, m, SCALE, BASE)
                 if c < 2 * m:  # one sigmoid path a warp for the pre and post columns
                     sg = sigmoid(y)
                     if c < m:
