@@ -28,24 +28,6 @@ def build(v: MhcPreApplyMixVariant):
     return _forward() if v.direction == "fwd" else _backward()
 
 
-@T.macro
-def mix_store(O, t, vec, W, w_row, xs, u, mhc_mult, max_m: int, acc, ys):  # (mhc_mult: TileLang names the size after it)
-    """O[t]'s vector vec = bf16(W[w_row, 0] xs[u, 0] + W[w_row, 1] xs[u, 1] + ... over the
-    mhc_mult streams, in order), each product and sum rounded on its own (fp32): the forward's
-    arithmetic."""
-    for j in T.unroll(VEC):
-        acc[j] = T.ieee_mul(W[w_row, 0], T.cast(xs[u, 0, j], "float32"))
-    for i in T.unroll(max_m - 1):
-        if i + 1 < mhc_mult:
-            w = W[w_row, i + 1]
-            for j in T.unroll(VEC):
-                acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
-    for j in T.unroll(VEC):
-        ys[j] = T.cast(acc[j], "bfloat16")
-    for j in T.vectorized(VEC):
-        O[t, vec * VEC + j] = ys[j]
-
-
 def _forward():
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
@@ -80,7 +62,17 @@ def _forward():
                 for u in T.unroll(FWD_TOKENS):
                     t = tb * FWD_TOKENS + u
                     if t < n:
-                        mix_store(O, t, vec, MIX, t, xs, u, m, MAX_M, acc, ys)
+                        for j in T.unroll(VEC):
+                            acc[j] = T.ieee_mul(MIX[t, 0], T.cast(xs[u, 0, j], "float32"))
+                        for i in T.unroll(MAX_M - 1):
+                            if i + 1 < m:
+                                w = MIX[t, i + 1]
+                                for j in T.unroll(VEC):
+                                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+                        for j in T.unroll(VEC):
+                            ys[j] = T.cast(acc[j], "bfloat16")
+                        for j in T.vectorized(VEC):
+                            O[t, vec * VEC + j] = ys[j]
 
     return mhc_pre_apply_mix_fwd_kernel
 
