@@ -213,6 +213,7 @@ def _mhc_pre_norm():
     pm, ps = mh.mhc_pre_norm_gemm_fwd(residual, fn, 16)
     om, sq, out = torch.empty(T, 1, m3, device=DEVICE), torch.empty(T, 1, device=DEVICE), torch.empty(T, m3, device=DEVICE)
     r_grad = torch.zeros_like(residual)
+    om_grad, sq_grad = torch.empty_like(om), torch.empty_like(sq)
     scale3, base3 = torch.rand(3, device=DEVICE), torch.rand(m3, device=DEVICE)
     post, comb, li = torch.empty(T, 4, 1, device=DEVICE), torch.empty(T, 4, 4, device=DEVICE), bf16(T, H)
     outs, resids = [bf16(T, H)], [torch.empty_like(residual)]
@@ -233,7 +234,7 @@ def _mhc_pre_norm():
             lambda: mh.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, om, sq, out, k, 1e-6, 16)),
         "mhc_reduce_partials_and_rmsnorm_bwd": (
             lambda: mh.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, rms_group_size=k),
-            lambda: mh.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, om.clone(), sq.clone(), k, 1e-6)),
+            lambda: mh.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, om_grad, sq_grad, k, 1e-6)),
     }
 
 

@@ -102,3 +102,59 @@ def test_big_fuse_plan(given):
         assert trace(p, *bad, *outs)[0] is NotImplemented
     if given:  # an output over an input
         assert trace(p, pm, ps, scale, base, residual, outs[0], outs[1], residual[..., 0, :])[0] is NotImplemented
+
+
+merge = importlib.import_module("tilebake.mhc.mhc_fn_normw_merge")
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_fn_merge_plans(given):
+    fwd, bwd = (built(merge.MhcFnNormwMergeVariant(d)) for d in ("fwd", "bwd"))
+    fn, w, og = torch.randn(N, M * H), torch.rand(M * H), torch.randn(N, M * H)
+    out = torch.empty(N, M * H) if given else None
+    p = _plans_norm.fn_merge_fwd(fwd, 0, given)
+    got, launches = trace(p, fn, w, out)
+    assert got is out if given else (got.shape, got.dtype) == ((N, M * H), torch.float32)
+    assert params_of(fwd, launches[0]) == dict(FN=fn.data_ptr(), W=w.data_ptr(), OUT=got.data_ptr(), num_mixes=N,
+                                               num_cols=M * H)  # fmt: skip
+    misaligned = torch.randn(N * M * H + 1)[1:].view(N, M * H)  # 4-column vectors: 16-byte rows
+    for bad in [(fn, torch.rand(M * H + 4)), (fn[:, :-2].contiguous(), w[:-2]), (misaligned, w), (fn.double(), w),
+                (fn.t().contiguous().t(), w)]:  # fmt: skip
+        assert trace(p, *bad, out)[0] is NotImplemented
+    outs = (torch.empty(N, M * H), torch.empty(M * H)) if given else (None, None)
+    pb = _plans_norm.fn_merge_bwd(bwd, 0, (given, given))
+    (fg, wg), launches = trace(pb, fn, w, og, *outs)
+    if given:
+        assert fg is outs[0] and wg is outs[1]
+    assert [(t.shape, t.dtype) for t in (fg, wg)] == [((N, M * H), torch.float32), ((M * H,), torch.float32)]
+    assert params_of(bwd, launches[0]) == dict(FN=fn.data_ptr(), W=w.data_ptr(), OG=og.data_ptr(), FG=fg.data_ptr(),
+                                               WG=wg.data_ptr(), num_mixes=N, num_cols=M * H)  # fmt: skip
+    assert trace(pb, fn, w, og[:-1].contiguous(), *outs)[0] is NotImplemented
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_pre_norm_gemm_bwd_plan(given):
+    """Two launches: the per-share partials, then their sum in row order into fn_grad; the
+    partial-row count baked in (the op's key holds it)."""
+    from tilebake.quant.norm_backward import NormBackwardReduceVariant
+
+    kernel = built(gemm.MhcPreNormGemmVariant("bwd", 4))
+    reduce_rows = built(NormBackwardReduceVariant("fp32"))
+    residual, fn = torch.randn(*LEAD, M, H).bfloat16(), torch.randn(N, M * H)
+    omg, sqg = torch.randn(6, 1, N), torch.randn(*LEAD)  # any shapes of T x N and T values
+    outs = (torch.randn(*LEAD, M, H).bfloat16(), torch.empty(N, M * H)) if given else (None, None)
+    p = _plans_norm.pre_norm_gemm_bwd(kernel, reduce_rows, 0, 2, (3, 2), (given, given), 3)
+    (rg, fg), launches = trace(p, residual, fn, omg, sqg, *outs)
+    if given:
+        assert rg is outs[0] and fg is outs[1]
+    assert [(t.shape, t.dtype) for t in (rg, fg)] == [(residual.shape, torch.bfloat16), ((N, M * H), torch.float32)]
+    assert [launch[0] for launch in launches] == [0, 1]
+    got, summed = params_of(kernel, launches[0]), params_of(reduce_rows, launches[1])
+    want = dict(X=residual.data_ptr(), FN=fn.data_ptr(), DOM=omg.data_ptr(), DSQ=sqg.data_ptr(), XG=rg.data_ptr(),
+                num_tokens=6, num_cols=M * H, num_mixes=N, num_parts=3, has_x_grad=int(given))  # fmt: skip
+    assert {k: got[k] for k in want} == want
+    assert summed == dict(P=got["P"], OUT=fg.data_ptr(), num_partials=3, num_cols=N * M * H, accumulate=0)
+    for bad in [(residual, fn, torch.randn(6, 1, N + 1), sqg),  # another N than fn's
+                (residual, fn, torch.randn(5, 1, N), sqg), (residual, fn, omg, torch.randn(2, 2)),  # not T
+                (residual, torch.randn(80, M * H), torch.randn(6, 1, 80), sqg)]:  # the m <= 8 variant's mixes
+        assert trace(p, *bad, *outs)[0] is NotImplemented

@@ -49,7 +49,7 @@ enum {
   OP_DISJOINT,   /* S S: the two tensors' memory does not overlap, or NotImplemented */
   OP_ZERO,       /* S R: memset the first R bytes of S to 0 on the stream */
   OP_LAUNCH,     /* kernel n (kind R)[n] R[3] block[3] smem: kind 'p' 'i' 'l' 'f' (R: float index) */
-  OP_BUMP,       /* S: S's version counter + 1 (an in-place or out= write) */
+  OP_BUMP,       /* n S[n]: each S's version counter + 1 (in-place or out= writes), one call */
   OP_RETURN,     /* n template[n]: RET_SLOT s | RET_TUPLE k | RET_NONE, prefix order */
   OP_DISJOINT_SET, /* ni no S[ni + no]: no output (the last no) overlaps an input or another output */
 };

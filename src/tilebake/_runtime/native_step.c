@@ -317,16 +317,27 @@ int plan_step(Plan *p, Call *c, PyObject *const *args, Py_ssize_t nargs, int64_t
       if ((v = launch(p, c, &ARG(0), n))) return v;
       *pc += 2 + 2 * n + 7;
       return 0;
-    case OP_BUMP:
+    case OP_BUMP: {
       NEED(1);
-      if (!slot_ok(ARG(0)) || !c->obj[ARG(0)]) return bad_plan();
-      if (!c->trace) {
-        PyObject *none = PyObject_CallFunctionObjArgs(p->bump, c->obj[ARG(0)], NULL);
+      n = ARG(0);
+      if (n < 1 || n > MAX_SLOTS) return bad_plan();
+      NEED(1 + n);
+      for (int64_t k = 0; k < n; ++k)
+        if (!slot_ok(ARG(1 + k)) || !c->obj[ARG(1 + k)]) return bad_plan();
+      if (!c->trace) { /* one call for all: torch's version bump takes a tuple */
+        PyObject *written = PyTuple_New(n);
+        for (int64_t k = 0; written && k < n; ++k) {
+          Py_INCREF(c->obj[ARG(1 + k)]);
+          PyTuple_SetItem(written, k, c->obj[ARG(1 + k)]);
+        }
+        PyObject *none = written ? PyObject_CallFunctionObjArgs(p->bump, written, NULL) : NULL;
+        Py_XDECREF(written);
         if (!none) return -1;
         Py_DECREF(none);
       }
-      *pc += 1;
+      *pc += 1 + n;
       return 0;
+    }
     case OP_RETURN: {
       NEED(1);
       n = ARG(0);

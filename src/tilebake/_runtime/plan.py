@@ -64,6 +64,22 @@ def available() -> bool:
     return True
 
 
+@functools.cache
+def _bump_tuple():
+    """The function a plan calls with the tuple of tensors it wrote in place: torch's own C
+    function where it takes a tuple (0.3 us against 0.6 a tensor through the public wrapper),
+    else the public wrapper a tensor at a time."""
+    probe = torch.empty(0)
+    before = probe._version
+    try:
+        torch._C._increment_version((probe,))
+    except (AttributeError, TypeError, RuntimeError):
+        pass
+    if probe._version == before + 1:
+        return torch._C._increment_version
+    return lambda written: [torch.autograd.graph.increment_version(t) for t in written] and None
+
+
 class Ref:
     """A tensor slot of a plan: an argument or an allocated output."""
 
@@ -81,6 +97,7 @@ class Builder:
         self.nregs = 0
         self.slots = 0
         self.launched = False
+        self.bumps: list[int] = []  # slots written in place: bumped together before the return
 
     # --- registers and expressions ---
     def _reg(self, name: str | None = None) -> int:
@@ -214,8 +231,9 @@ class Builder:
         self.code += [OP_ZERO, ref.slot, self.value(nbytes)]
 
     def bump(self, ref: Ref) -> None:
-        """Count a write into an argument, as torch's in-place and out= ops do."""
-        self.code += [OP_BUMP, ref.slot]
+        """Count a write into an argument, as torch's in-place and out= ops do (after the
+        launches: one call for all the plan's, emitted by returns())."""
+        self.bumps.append(ref.slot)
 
     # --- launches and the result ---
     def launch(self, kernel, device: int, **params) -> None:
@@ -260,6 +278,8 @@ class Builder:
                     walk(item)
 
         walk(template)
+        if self.bumps:
+            self.code += [OP_BUMP, len(self.bumps), *self.bumps]
         self.code += [OP_RETURN, len(tokens), *tokens]
 
     def build(self):
@@ -270,8 +290,8 @@ class Builder:
         globals()["run"] = _native().run
         alloc_kwargs = tuple({"dtype": dtype} for dtype in self.dtypes)
         return _native().plan(
-            code, tuple(self.floats), resolvers, torch.autograd.graph.increment_version, torch.Tensor, torch.nn.Parameter,
-            alloc_kwargs, torch.empty_like,
+            code, tuple(self.floats), resolvers, _bump_tuple(), torch.Tensor, torch.nn.Parameter, alloc_kwargs,
+            torch.empty_like,
         )  # fmt: skip
 
 

@@ -1,8 +1,8 @@
-"""Call plans of the pre-norm projection's forward ops (mhc_pre_norm_gemm_fwd and
-mhc_reduce_partials_and_rmsnorm_fwd / _bwd): tilebake.mhc._plans' conventions (a plan takes one
+"""Call plans of the pre-norm projection's ops (mhc_fn_normw_merge_fwd / _bwd,
+mhc_pre_norm_gemm_fwd / _bwd, mhc_reduce_partials_and_rmsnorm_fwd / _bwd, the big fuse): tilebake.mhc._plans' conventions (a plan takes one
 rank of the leading dims; anything it does not describe sends the call to the Python path, which
-raises the typed errors). Scalars (n_splits, rms_group_size, rms_eps) are in the key, so baked in.
-The projection's backward keeps the Python path: its partial-row count depends on the token count."""
+raises the typed errors). Scalars (n_splits, rms_group_size, rms_eps) are in the key, so baked in;
+so is the projection backward's partial-row count (a function of the token count)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,43 @@ _INT_LIMIT = 2147483648
 
 def _out(b: plan.Builder, arg: int, given: bool, dims: list):
     return dense(b, arg, FP32, dims) if given else b.alloc(FP32, dims)
+
+
+def _fn(b: plan.Builder, arg: int):
+    """fn-like (N, K) fp32, K % 4 == 0, 16-byte aligned (the merge's 4-column vectors)."""
+    return b.tensor(arg, FP32, ("N", "K"), strides=("K", 1), align=16)
+
+
+def fn_merge_fwd(kernel, device, given):
+    """run(fn (N, K), normw (K,), out_fn or None) -> out_fn."""
+    b = plan.Builder()
+    fn = _fn(b, 0)
+    w = b.tensor(1, FP32, ("K",), strides=(1,), align=16)
+    b.check(f"N >= 1 and K >= 4 and K % 4 == 0 and N * K < {_INT_LIMIT}")
+    out = _fn(b, 2) if given else b.alloc(FP32, ["N", "K"])
+    b.launch(kernel, device, FN=fn, W=w, OUT=out, num_mixes="N", num_cols="K")
+    if given:
+        b.bump(out)
+    b.returns(out)
+    return b.build()
+
+
+def fn_merge_bwd(kernel, device, given):
+    """run(fn (N, K), normw (K,), out_fn_grad (N, K), fn_grad, normw_grad (each or None)) ->
+    (fn_grad, normw_grad); given: which of the two are."""
+    b = plan.Builder()
+    fn = _fn(b, 0)
+    w = b.tensor(1, FP32, ("K",), strides=(1,), align=16)
+    og = _fn(b, 2)
+    b.check(f"N >= 1 and K >= 4 and K % 4 == 0 and N * K < {_INT_LIMIT}")
+    fg = _fn(b, 3) if given[0] else b.alloc(FP32, ["N", "K"])
+    wg = b.tensor(4, FP32, ("K",), strides=(1,), align=16) if given[1] else b.alloc(FP32, ["K"])
+    b.launch(kernel, device, FN=fn, W=w, OG=og, FG=fg, WG=wg, num_mixes="N", num_cols="K")
+    for ref, flag in zip((fg, wg), given):
+        if flag:
+            b.bump(ref)
+    b.returns((fg, wg))
+    return b.build()
 
 
 def pre_norm_gemm_fwd(kernel, device, num_lead, n_splits, given_mul, given_sq):
@@ -39,6 +76,41 @@ def pre_norm_gemm_fwd(kernel, device, num_lead, n_splits, given_mul, given_sq):
         if given:
             b.bump(t)
     b.returns((out_mul, sqrsum))
+    return b.build()
+
+
+def pre_norm_gemm_bwd(kernel, reduce, device, num_lead, grad_ndims, given, parts):
+    """run(residual (..., M, H), fn (N, M * H), out_mul_grad (any T x N shape, last dim N),
+    sqrsum_grad (any shape of T elements), residual_grad, fn_grad (each or None)) ->
+    (residual_grad, fn_grad). grad_ndims: the two gradients' ranks; parts: the partial rows
+    (the Python path's count for this call's T, K and N: in the key)."""
+    b = plan.Builder()
+    lead = _lead(num_lead)
+    x = dense(b, 0, BF16, lead + ["M", "H"])
+    b.let("T", " * ".join(lead) or 1)
+    b.let("K", "M * H")
+    fn = b.tensor(1, FP32, ("N", "K"), strides=("K", 1), align=4)
+    max_mixes = kernel.variant.max_mult * (kernel.variant.max_mult + 2)
+    b.check(f"T >= 1 and K >= 8 and K % 8 == 0 and N >= 1 and N <= {max_mixes} and T * K < {_INT_LIMIT} "
+            f"and N * K < {_INT_LIMIT}")  # fmt: skip
+    if kernel.variant.max_mult > 4:  # the other variant's mixes sum in another order: its own key
+        b.check("N > 24")
+    g_dims = [f"g{i}" for i in range(grad_ndims[0] - 1)]
+    omg = dense(b, 2, FP32, g_dims + ["N"])
+    b.check(f"{' * '.join(g_dims) or 1} == T")
+    s_dims = [f"s{i}" for i in range(grad_ndims[1])]
+    sqg = dense(b, 3, FP32, s_dims)
+    b.check(f"{' * '.join(s_dims) or 1} == T")
+    rg = dense(b, 4, BF16, lead + ["M", "H"]) if given[0] else b.alloc(BF16, lead + ["M", "H"])
+    fg = b.tensor(5, FP32, ("N", "K"), strides=("K", 1), align=4) if given[1] else b.alloc(FP32, ["N", "K"])
+    part = b.alloc(FP32, [parts, "N", "K"])
+    b.launch(kernel, device, X=x, FN=fn, DOM=omg, DSQ=sqg, XG=rg, P=part, num_tokens="T", num_cols="K",
+             num_mixes="N", num_parts=parts, has_x_grad=int(given[0]))  # fmt: skip
+    b.launch(reduce, device, P=part, OUT=fg, num_partials=parts, num_cols="N * K", accumulate=0)
+    for ref, flag in zip((rg, fg), given):
+        if flag:
+            b.bump(ref)
+    b.returns((rg, fg))
     return b.build()
 
 

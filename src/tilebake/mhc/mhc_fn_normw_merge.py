@@ -16,6 +16,7 @@ import torch
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
+from tilebake.mhc import _plans_norm
 from tilebake.mhc._common import check_aligned, check_shape, check_streams
 
 _SIZES = i32("num_mixes", "num_cols")
@@ -39,6 +40,7 @@ class MhcFnNormwMergeVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcFnNormwMergeVariant)
+_PLANS = plan.cache()  # by direction and which outputs are given
 
 
 def _check(fn, normw):
@@ -68,14 +70,26 @@ def _out(t, name, like: torch.Tensor, shape) -> torch.Tensor:
 def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_fn = fn * normw: fn (N, K) fp32, normw (K,) fp32; written into out_fn if given, else a
     new tensor; returns it."""
+    key = ("fwd", out_fn is None)
+    if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
+        try:
+            call = _PLANS[key]
+        except KeyError:
+            pass
+        else:
+            result = plan.run(call, fn, normw, out_fn)
+            if result is not NotImplemented:
+                return result
     _check(fn, normw)
     out_fn = _out(out_fn, "out_fn", fn, tuple(fn.shape))
     if fn.numel() == 0:
         return out_fn
     if not fn.is_cuda:
         return torch.mul(fn, normw, out=out_fn)
-    _KERNELS["fwd",](fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn.data_ptr(), *fn.shape)
+    kernel = _KERNELS["fwd",]
+    kernel(fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn.data_ptr(), *fn.shape)
     plan.bump(out_fn)
+    plan.remember(_PLANS, key, _plans_norm.fn_merge_fwd, kernel, fn.get_device(), key[1] is False)
     return out_fn
 
 
@@ -83,6 +97,16 @@ def mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad: Optional[torch.Tenso
                            normw_grad: Optional[torch.Tensor] = None):  # fmt: skip
     """(fn_grad = out_fn_grad * normw, normw_grad[k] = sum over rows n in order of
     out_fn_grad[n, k] * fn[n, k]), fp32, written into the given tensors, else new ones."""
+    key = ("bwd", fn_grad is None, normw_grad is None)
+    if not torch.compiler.is_compiling():
+        try:
+            call = _PLANS[key]
+        except KeyError:
+            pass
+        else:
+            result = plan.run(call, fn, normw, out_fn_grad, fn_grad, normw_grad)
+            if result is not NotImplemented:
+                return result
     _check(fn, normw)
     check_streams(out_fn_grad, "out_fn_grad", torch.float32, 2)
     check_shape(out_fn_grad, "out_fn_grad", fn.shape, fn, "fn")
@@ -98,8 +122,10 @@ def mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad: Optional[torch.Tenso
         return fn_grad, normw_grad.copy_(acc)
     if fn.shape[0] == 0:
         return fn_grad, normw_grad.zero_()
-    _KERNELS["bwd",](fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn_grad.data_ptr(), fn_grad.data_ptr(),
-                     normw_grad.data_ptr(), *fn.shape)  # fmt: skip
-    plan.bump(fn_grad)
-    plan.bump(normw_grad)
+    kernel = _KERNELS["bwd",]
+    kernel(fn.get_device(), fn.data_ptr(), normw.data_ptr(), out_fn_grad.data_ptr(), fn_grad.data_ptr(),
+           normw_grad.data_ptr(), *fn.shape)  # fmt: skip
+    given = (key[1] is False, key[2] is False)
+    plan.bump(*(t for t, g in zip((fn_grad, normw_grad), given) if g))
+    plan.remember(_PLANS, key, _plans_norm.fn_merge_bwd, kernel, fn.get_device(), given)
     return fn_grad, normw_grad

@@ -25,7 +25,7 @@ from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans_norm
 from tilebake.mhc._common import check_aligned, check_shape, check_streams
-from tilebake.quant.norm_backward import sum_partial_rows
+from tilebake.quant.norm_backward import sum_partial_rows, sum_partial_rows_kernel
 
 BM, BK = 64, 64  # the forward's tile: tokens x columns (a split is whole BK steps)
 MAX_MULTS = (4, 8)  # a variant's mixes: up to 24 (m <= 4) or 80 (m <= 8)
@@ -53,7 +53,7 @@ class MhcPreNormGemmVariant(Variant):
 
 
 _KERNELS = KernelTable(MhcPreNormGemmVariant)
-_PLANS = plan.cache()  # the forward's: by rank, n_splits, which outputs are given and the variant class
+_PLANS = plan.cache()  # by direction, ranks, which outputs are given, the variant class (and n_splits / parts)
 
 
 def _max_mult(num_mixes: int) -> int:
@@ -160,6 +160,16 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
     given, else a new tensor) and fn_grad (N, K) fp32 = out_mul_grad^T @ x, summed over the
     tokens in a fixed order (two runs give the same bits), written. Returns (residual_grad, fn_grad).
     """
+    if not torch.compiler.is_compiling():
+        try:
+            key = _bwd_key(residual, fn, out_mul_grad, sqrsum_grad, residual_grad, fn_grad)
+            call = _PLANS[key]
+        except (KeyError, AttributeError, TypeError, IndexError, ZeroDivisionError):
+            pass
+        else:
+            result = plan.run(call, residual, fn, out_mul_grad, sqrsum_grad, residual_grad, fn_grad)
+            if result is not NotImplemented:
+                return result
     num_tokens, num_cols, num_mixes = _check(residual, fn)
     check_streams(out_mul_grad, "out_mul_grad", torch.float32, 1)
     check_streams(sqrsum_grad, "sqrsum_grad", torch.float32, 1)
@@ -176,6 +186,7 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
         check_shape(residual_grad, "residual_grad", residual.shape, residual, "residual")
     else:
         residual_grad = torch.empty_like(residual)
+    fn_grad_given = fn_grad is not None
     if fn_grad is None:
         fn_grad = torch.empty_like(fn)
     else:
@@ -201,10 +212,23 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
         residual_grad.data_ptr(), partials.data_ptr(), num_tokens, num_cols, num_mixes, num_parts, int(given),
     )  # fmt: skip
     sum_partial_rows(partials.view(num_parts, -1), fn_grad.view(-1))
-    if given:
-        plan.bump(residual_grad)
-    plan.bump(fn_grad)
+    plan.bump(residual_grad if given else None, fn_grad if fn_grad_given else None)
+    plan.remember(_PLANS, _bwd_key(residual, fn, out_mul_grad, sqrsum_grad, residual_grad if given else None,
+                                   fn_grad if fn_grad_given else None), _plans_norm.pre_norm_gemm_bwd, kernel,
+                  sum_partial_rows_kernel(), residual.get_device(), residual.ndim - 2, (out_mul_grad.ndim, sqrsum_grad.ndim),
+                  (given, fn_grad_given), num_parts)  # fmt: skip
     return residual_grad, fn_grad
+
+
+def _bwd_key(residual, fn, out_mul_grad, sqrsum_grad, residual_grad, fn_grad):
+    """The backward's plan key: ranks, given outputs, the variant class and the partial rows
+    (computed from this call's sizes, so a key is one partial-row count); None on the CPU (no SM count)."""
+    if not residual.is_cuda:
+        return None
+    num_cols, num_mixes = residual.shape[-2] * residual.shape[-1], fn.shape[0]
+    parts = _num_parts(residual.numel() // num_cols, num_cols, num_mixes)
+    return ("bwd", residual.ndim, out_mul_grad.ndim, sqrsum_grad.ndim, residual_grad is None, fn_grad is None,
+            num_mixes <= MAX_MULTS[0] * (MAX_MULTS[0] + 2), parts)  # fmt: skip
 
 
 def _num_parts(num_tokens: int, num_cols: int, num_mixes: int) -> int:

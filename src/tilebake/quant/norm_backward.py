@@ -210,8 +210,13 @@ def sum_partial_rows(partials: torch.Tensor, out: torch.Tensor) -> None:
     """out (C,) fp32 = the sum of the rows of partials (P, C) fp32, in row order (two runs give the
     same bits): the reduction of per-CTA partial weight gradients, shared with the mhc
     projection's backward. Contiguous CUDA tensors; the caller checks the shapes."""
-    _REDUCE_KERNELS["fp32",](partials.get_device(), partials.data_ptr(), out.data_ptr(), partials.shape[0],
-                             out.numel(), 0)  # fmt: skip
+    sum_partial_rows_kernel()(partials.get_device(), partials.data_ptr(), out.data_ptr(), partials.shape[0],
+                              out.numel(), 0)  # fmt: skip
+
+
+def sum_partial_rows_kernel():
+    """sum_partial_rows' kernel (P, OUT, num_partials, num_cols, accumulate = 0): for call plans."""
+    return _REDUCE_KERNELS["fp32",]
 
 
 def _accumulate(dw: Optional[torch.Tensor], weight, weight_grad):
