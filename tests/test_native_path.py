@@ -18,13 +18,6 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 PYTHON_PATH: dict[str, str] = {
     "norm_backward_reduce: fp32 partial rows -> bf16 weight grad": "an internal kernel, which its case launches "
     "directly; norm_backward's plan launches it natively",
-    "mhc_pre_norm_gemm: backward, 4 streams, 24 mixes (residual grad allocated)": "its partial-row count follows "
-    "the token count, which a plan cannot compute (a long kernel at training sizes beside its host path)",
-    # fn's weight-only ops run once a step at training sizes; no call plans yet.
-    **{f"{op}: {variant}": "no call plan yet" for op, variant in (
-        ("mhc_fn_normw_merge", "forward, 24 x 4 hidden (no token dim)"),
-        ("mhc_fn_normw_merge", "backward, 24 x 4 hidden (no token dim)"),
-    )},
 }
 
 

@@ -17,6 +17,7 @@ post = importlib.import_module("tilebake.mhc.mhc_post")
 pre = importlib.import_module("tilebake.mhc.mhc_pre_apply_mix")
 LEAD = (2, 3)  # two leading dims: 6 tokens
 M, H = 4, 136
+NARROW = f"H < {post.WIDE_ROWS}"  # the hidden sizes of the backward's warp-a-token kernel
 
 
 def bf16(*shape):
@@ -58,14 +59,31 @@ def test_post_plans(flat_post):
                                              OUT=out.data_ptr(), num_tokens=6, mhc_mult=M, hidden=H)  # fmt: skip
     given = torch.empty_like(r)
     assert trace(_plans.post_fwd(fwd, 0, 2, flat_post, True), x, r, p, comb, given)[0] is given
-    grads, launches = trace(_plans.post_bwd(bwd, 0, 2, flat_post), x, r, p, comb, d_o)
+    grads, launches = trace(_plans.post_bwd(bwd, 0, 2, flat_post, NARROW), x, r, p, comb, d_o)
     assert [(g.shape, g.dtype) for g in grads] == [(t.shape, t.dtype) for t in (x, r, p, comb)]
     got = one_launch(bwd, launches)
     assert [got[n] for n in ("DX", "DR", "DPOST", "DCOMB")] == [g.data_ptr() for g in grads]
     assert trace(_plans.post_fwd(fwd, 0, 2, flat_post, False), x, r, p, comb[..., :3].contiguous(), None)[0] is NotImplemented
-    assert trace(_plans.post_bwd(bwd, 0, 2, not flat_post), x, r, p, comb, d_o)[0] is NotImplemented
+    assert trace(_plans.post_bwd(bwd, 0, 2, not flat_post, NARROW), x, r, p, comb, d_o)[0] is NotImplemented
     r8, c8, p8 = bf16(*LEAD, 8, H), torch.rand(*LEAD, 8, 8), torch.rand(*LEAD, 8, *(() if flat_post else (1,)))
-    assert trace(_plans.post_bwd(bwd, 0, 2, flat_post), x, r8, p8, c8, bf16(*LEAD, 8, H))[0] is NotImplemented  # m > 4
+    assert trace(_plans.post_bwd(bwd, 0, 2, flat_post, NARROW), x, r8, p8, c8, bf16(*LEAD, 8, H))[0] is NotImplemented  # m > 4
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_post_bwd_plan_takes_its_kernels_rows(wide):
+    """The backward's two kernels (a warp or a CTA a token): a plan takes only the hidden sizes its
+    kernel is for (the op's key tells them apart), as token_warps picks them."""
+    rows = f"H >= {post.WIDE_ROWS}" if wide else NARROW
+    bwd = ManifestKernel(post.MhcPostVariant("bwd", 4, 4 if wide else 1))
+    p = _plans.post_bwd(bwd, 0, 1, False, rows)
+    for hidden in (8, 1280, post.WIDE_ROWS - 8, post.WIDE_ROWS, 7168):
+        x, r = bf16(2, hidden), bf16(2, M, hidden)
+        result, launches = trace(p, x, r, torch.rand(2, M, 1), torch.rand(2, M, M), bf16(2, M, hidden))
+        takes = (post.token_warps(hidden) == 4) == wide
+        assert (result is not NotImplemented) == takes, hidden
+        if takes:
+            assert params_of(bwd, launches[0])["hidden"] == hidden
+    assert [post.token_warps(h) for h in (1280, post.WIDE_ROWS - 8, post.WIDE_ROWS, 16384)] == [1, 1, 4, 4]
 
 
 @pytest.mark.parametrize("given", [False, True])

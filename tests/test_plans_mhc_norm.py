@@ -154,6 +154,10 @@ def test_pre_norm_gemm_bwd_plan(given):
                 num_tokens=6, num_cols=M * H, num_mixes=N, num_parts=3, has_x_grad=int(given))  # fmt: skip
     assert {k: got[k] for k in want} == want
     assert summed == dict(P=got["P"], OUT=fg.data_ptr(), num_partials=3, num_cols=N * M * H, accumulate=0)
+    one, launches = trace(_plans_norm.pre_norm_gemm_bwd(kernel, reduce_rows, 0, 2, (3, 2), (given, given), 1),
+                          residual, fn, omg, sqg, *outs)  # fmt: skip
+    assert [launch[0] for launch in launches] == [0]  # one share: its row written straight into fn_grad
+    assert params_of(kernel, launches[0])["P"] == one[1].data_ptr() and params_of(kernel, launches[0])["num_parts"] == 1
     for bad in [(residual, fn, torch.randn(6, 1, N + 1), sqg),  # another N than fn's
                 (residual, fn, torch.randn(5, 1, N), sqg), (residual, fn, omg, torch.randn(2, 2)),  # not T
                 (residual, torch.randn(80, M * H), torch.randn(6, 1, 80), sqg)]:  # the m <= 8 variant's mixes

@@ -3,6 +3,8 @@ and passed to kernels as arguments: changing one never needs another binary."""
 
 from __future__ import annotations
 
+import functools
+
 _DEFAULT_AMAX_CLAMP = {
     ("e4m3", False): 1e-4,
     ("e4m3", True): 448.0 * 2.0**-9,
@@ -59,7 +61,15 @@ def set_token_alignment(n: int) -> None:
 def get_device_num_sms() -> int:
     import torch
 
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _sms_of(torch.cuda.current_device())
+
+
+@functools.cache
+def _sms_of(device: int) -> int:
+    """A device's SM count, read once (get_device_properties costs microseconds a call)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def get_num_sms() -> int:

@@ -1,5 +1,5 @@
-"""Argument checks shared by the mhc ops: each raises TypeError / ValueError naming the argument
-and what is allowed."""
+"""Argument checks shared by the mhc ops (each raises TypeError / ValueError naming the argument
+and what is allowed), and their plan keys' helper."""
 
 from __future__ import annotations
 
@@ -78,3 +78,8 @@ def check_disjoint(inputs: dict, outputs: dict) -> None:
                 out, into = (name, other) if is_out else (other, name)
                 raise ValueError(f"{out} must not share storage with the inputs it is computed from ({into})")
         reach[is_out] = max(reach[is_out], (end, name))
+
+
+def ndim_or_none(t) -> int | None:
+    """A given output's rank (a plan key's item), None where the op allocates it."""
+    return None if t is None else t.ndim

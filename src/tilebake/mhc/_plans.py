@@ -83,11 +83,13 @@ def post_fwd(kernel, device, num_lead, flat_post, given):
     return b.build()
 
 
-def post_bwd(kernel, device, num_lead, flat_post):
-    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb)."""
+def post_bwd(kernel, device, num_lead, flat_post, rows: str):
+    """run(x, residual, post, comb, d_o) -> (d_x, d_residual, d_post, d_comb); rows: the hidden
+    sizes H the kernel is for (its warps a token: mhc_post.token_warps)."""
     b = plan.Builder()
     lead, x, r, post, comb = _post_inputs(b, kernel, num_lead, flat_post)
     d_o = dense(b, 4, BF16, lead + ["M", "H"])
+    b.check(rows)
     d_x, d_r = b.alloc(BF16, lead + ["H"]), b.alloc(BF16, lead + ["M", "H"])
     d_post, d_comb = b.alloc(FP32, _mix_dims(lead, flat_post)), b.alloc(FP32, lead + ["M", "M"])
     b.launch(kernel, device, X=x, R=r, POST=post, COMB=comb, DO=d_o, DX=d_x, DR=d_r, DPOST=d_post, DCOMB=d_comb,

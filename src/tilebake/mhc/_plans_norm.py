@@ -1,8 +1,9 @@
 """Call plans of the pre-norm projection's ops (mhc_fn_normw_merge_fwd / _bwd,
-mhc_pre_norm_gemm_fwd / _bwd, mhc_reduce_partials_and_rmsnorm_fwd / _bwd, the big fuse): tilebake.mhc._plans' conventions (a plan takes one
-rank of the leading dims; anything it does not describe sends the call to the Python path, which
-raises the typed errors). Scalars (n_splits, rms_group_size, rms_eps) are in the key, so baked in;
-so is the projection backward's partial-row count (a function of the token count)."""
+mhc_pre_norm_gemm_fwd / _bwd, mhc_reduce_partials_and_rmsnorm_fwd / _bwd, the big fuse):
+tilebake.mhc._plans' conventions (a plan takes one rank of the leading dims; anything it does not
+describe sends the call to the Python path, which raises the typed errors). Scalars (n_splits,
+rms_group_size, rms_eps) are in the key, so baked in; so is the projection backward's partial-row
+count (a function of the token count)."""
 
 from __future__ import annotations
 
@@ -103,10 +104,11 @@ def pre_norm_gemm_bwd(kernel, reduce, device, num_lead, grad_ndims, given, parts
     b.check(f"{' * '.join(s_dims) or 1} == T")
     rg = dense(b, 4, BF16, lead + ["M", "H"]) if given[0] else b.alloc(BF16, lead + ["M", "H"])
     fg = b.tensor(5, FP32, ("N", "K"), strides=("K", 1), align=4) if given[1] else b.alloc(FP32, ["N", "K"])
-    part = b.alloc(FP32, [parts, "N", "K"])
+    part = fg if parts == 1 else b.alloc(FP32, [parts, "N", "K"])  # one share: its row is fn_grad
     b.launch(kernel, device, X=x, FN=fn, DOM=omg, DSQ=sqg, XG=rg, P=part, num_tokens="T", num_cols="K",
              num_mixes="N", num_parts=parts, has_x_grad=int(given[0]))  # fmt: skip
-    b.launch(reduce, device, P=part, OUT=fg, num_partials=parts, num_cols="N * K", accumulate=0)
+    if parts > 1:
+        b.launch(reduce, device, P=part, OUT=fg, num_partials=parts, num_cols="N * K", accumulate=0)
     for ref, flag in zip((rg, fg), given):
         if flag:
             b.bump(ref)

@@ -3,9 +3,9 @@ out[..., o, :] = post[..., o] * x + sum over i of comb[..., i, o] * residual[...
 gradients.
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_post.py: the forward flat over 8-column vectors,
-the backward a CTA per token reducing the mix gradients over the hidden dim in a fixed order;
-m and every size at run time, any m from 1 to 8: the original's backward hard-codes m = 4). CPU
-tensors take the references (tilebake.torch.mhc).
+the backward a warp or a CTA a token reducing the mix gradients over the hidden dim in a fixed
+order; m and every size at run time, any m from 1 to 8: the original's backward hard-codes m = 4).
+CPU tensors take the references (tilebake.torch.mhc).
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ class MhcPostVariant(Variant):
     # m's upper bound, which sizes the kernel's register arrays: 4 (m = 1 to 4; the original's
     # only m) or 8 (m = 5 to 8)
     max_mult: int
+    # the backward's warps a token (token_warps(hidden) picks): 1, or 4 (a CTA) for wide rows
+    token_warps: int = 1
 
     @classmethod
     def all(cls):
-        return tuple(cls(d, m) for d in ("fwd", "bwd") for m in MAX_MULTS)
+        return tuple(cls("fwd", m) for m in MAX_MULTS) + tuple(cls("bwd", m, g) for m in MAX_MULTS for g in (1, 4))
 
     def params(self):
         if self.direction == "fwd":
@@ -51,6 +53,18 @@ _KERNELS = KernelTable(MhcPostVariant)
 
 def _max_mult(mhc_mult: int) -> int:
     return next(c for c in MAX_MULTS if mhc_mult <= c)
+
+
+# The backward's warps a token: 4 (a CTA) from WIDE_ROWS columns, each warp then at least five
+# 256-column steps (H200 session 14: 8192 x 4 x 7168, 401.9-403.5 us against 413.6-414.3 with one
+# warp a token), else 1 (4096 x 4 x 1280: 42.7-47.4 us against 61.2 with a CTA a token).
+WIDE_ROWS = 5120
+
+
+def token_warps(hidden: int) -> int:
+    return 4 if hidden >= WIDE_ROWS else 1
+
+
 _PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
@@ -129,7 +143,7 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["bwd", x.ndim, post_layer_mix.ndim, residual.shape[-2] <= 4]
+            call = _PLANS["bwd", x.ndim, post_layer_mix.ndim, residual.shape[-2] <= 4, x.shape[-1] >= WIDE_ROWS]
         except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
@@ -151,14 +165,15 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
         ref = mhc_post_bwd_ref(x, residual, post_layer_mix, comb_res_mix, d_o)
         return tuple(t.copy_(r) for t, r in zip((d_x, d_residual, d_post, d_comb), ref))
     check_aligned(x=x, residual=residual, d_o=d_o)
-    kernel = _KERNELS["bwd", _max_mult(mhc_mult)]
+    kernel = _KERNELS["bwd", _max_mult(mhc_mult), token_warps(hidden)]
     kernel(
         x.get_device(), x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(), comb_res_mix.data_ptr(),
         d_o.data_ptr(), d_x.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(), d_comb.data_ptr(), num_tokens,
         mhc_mult, hidden,
     )  # fmt: skip
-    plan.remember(_PLANS, ("bwd", x.ndim, post_layer_mix.ndim, mhc_mult <= 4), _plans.post_bwd, kernel,
-                  x.get_device(), x.ndim - 1, post_layer_mix.ndim == x.ndim)  # fmt: skip
+    rows = f"H >= {WIDE_ROWS}" if kernel.variant.token_warps > 1 else f"H < {WIDE_ROWS}"  # the kernel's hidden sizes
+    plan.remember(_PLANS, ("bwd", x.ndim, post_layer_mix.ndim, mhc_mult <= 4, hidden >= WIDE_ROWS), _plans.post_bwd,
+                  kernel, x.get_device(), x.ndim - 1, post_layer_mix.ndim == x.ndim, rows)  # fmt: skip
     return d_x, d_residual, d_post, d_comb
 
 

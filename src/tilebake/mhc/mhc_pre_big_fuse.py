@@ -30,6 +30,7 @@ from tilebake.mhc._common import (
     check_mult_and_hidden,
     check_shape,
     check_streams,
+    ndim_or_none,
 )
 from tilebake.mhc.mhc_pre_apply_mix import forward_kernel
 
@@ -56,15 +57,11 @@ _KERNELS = KernelTable(MhcPreBigFuseVariant)
 _PLANS = plan.cache()  # by the ranks, which outputs are given (and their ranks), n_splits and the scalars
 
 
-def _nd(t):
-    return None if t is None else t.ndim
-
-
 def _key(gemm_out_mul, residual, *rest):
     """The plan cache's key: the ranks of the partials, the residual and the given outputs (None:
     allocated), the scalars and their types."""
     outputs, scalars = rest[:3], rest[3:]
-    return (gemm_out_mul.ndim, residual.ndim, *(_nd(t) for t in outputs), *scalars,
+    return (gemm_out_mul.ndim, residual.ndim, *(ndim_or_none(t) for t in outputs), *scalars,
             tuple(v.__class__ for v in scalars))
 
 

@@ -206,12 +206,14 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
     check_aligned(residual=residual, residual_grad=residual_grad)
     kernel = _KERNELS["bwd", _max_mult(num_mixes)]
     num_parts = _num_parts(num_tokens, num_cols, num_mixes)
-    partials = torch.empty((num_parts, num_mixes, num_cols), dtype=torch.float32, device=residual.device)
+    # one share (up to 16 tokens): its partial row is fn_grad itself, with no reduce and no buffer
+    partials = fn_grad if num_parts == 1 else fn.new_empty((num_parts, num_mixes, num_cols))
     kernel(
         residual.get_device(), residual.data_ptr(), fn.data_ptr(), out_mul_grad.data_ptr(), sqrsum_grad.data_ptr(),
         residual_grad.data_ptr(), partials.data_ptr(), num_tokens, num_cols, num_mixes, num_parts, int(given),
     )  # fmt: skip
-    sum_partial_rows(partials.view(num_parts, -1), fn_grad.view(-1))
+    if num_parts > 1:
+        sum_partial_rows(partials.view(num_parts, -1), fn_grad.view(-1))
     plan.bump(residual_grad if given else None, fn_grad if fn_grad_given else None)
     plan.remember(_PLANS, _bwd_key(residual, fn, out_mul_grad, sqrsum_grad, residual_grad if given else None,
                                    fn_grad if fn_grad_given else None), _plans_norm.pre_norm_gemm_bwd, kernel,

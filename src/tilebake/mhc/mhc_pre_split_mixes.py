@@ -20,7 +20,7 @@ from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
-from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_shape, check_streams
+from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_shape, check_streams, ndim_or_none
 
 # m (m + 2) -> m
 MULT_OF = {m * (m + 2): m for m in range(1, MAX_MHC_MULT + 1)}
@@ -83,10 +83,6 @@ def _check_mix(t, name, lead, m, ref, square: bool):
     check_shape(t, name, t.shape, ref, "input_mixes")
 
 
-def _nd(t):
-    return None if t is None else t.ndim
-
-
 def mhc_pre_split_mixes_fwd(input_mixes, mhc_scale, mhc_base, pre_layer_mix: Optional[torch.Tensor] = None,
                             post_layer_mix: Optional[torch.Tensor] = None, comb_res_mix: Optional[torch.Tensor] = None,
                             mhc_post_mult_value: float = 1.0, mhc_pre_eps: float = 1e-6):  # fmt: skip
@@ -100,9 +96,9 @@ def mhc_pre_split_mixes_fwd(input_mixes, mhc_scale, mhc_base, pre_layer_mix: Opt
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["fwd", input_mixes.ndim, input_mixes.shape[-1], _nd(pre_layer_mix), _nd(post_layer_mix),
-                          _nd(comb_res_mix), mhc_post_mult_value, mhc_post_mult_value.__class__, mhc_pre_eps,
-                          mhc_pre_eps.__class__]  # fmt: skip
+            call = _PLANS["fwd", input_mixes.ndim, input_mixes.shape[-1], ndim_or_none(pre_layer_mix),
+                          ndim_or_none(post_layer_mix), ndim_or_none(comb_res_mix), mhc_post_mult_value,
+                          mhc_post_mult_value.__class__, mhc_pre_eps, mhc_pre_eps.__class__]  # fmt: skip
         except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
@@ -116,8 +112,9 @@ def mhc_pre_split_mixes_fwd(input_mixes, mhc_scale, mhc_base, pre_layer_mix: Opt
         given = (pre_layer_mix, post_layer_mix, comb_res_mix)
         return tuple(g if o is None else o.copy_(g.reshape(o.shape)) for g, o in zip(got, given))
     lead = tuple(input_mixes.shape[:-1])
-    key = ("fwd", input_mixes.ndim, input_mixes.shape[-1], _nd(pre_layer_mix), _nd(post_layer_mix),
-           _nd(comb_res_mix), mhc_post_mult_value, mhc_post_mult_value.__class__, mhc_pre_eps, mhc_pre_eps.__class__)  # fmt: skip
+    key = ("fwd", input_mixes.ndim, input_mixes.shape[-1], ndim_or_none(pre_layer_mix), ndim_or_none(post_layer_mix),
+           ndim_or_none(comb_res_mix), mhc_post_mult_value, mhc_post_mult_value.__class__, mhc_pre_eps,
+           mhc_pre_eps.__class__)  # fmt: skip
     outs = []
     for t, name, square in ((pre_layer_mix, "pre_layer_mix", False), (post_layer_mix, "post_layer_mix", False),
                             (comb_res_mix, "comb_res_mix", True)):  # fmt: skip
@@ -161,8 +158,8 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mi
         try:
             call = _PLANS["bwd", input_mixes.ndim, input_mixes.shape[-1], pre_layer_mix_grad.ndim,
                           post_layer_mix_grad.ndim, comb_res_mix_grad.ndim, post_layer_mix.ndim,
-                          _nd(input_mixes_grad), _nd(mhc_scale_grad), _nd(mhc_base_grad), mhc_post_mult_value,
-                          mhc_post_mult_value.__class__]  # fmt: skip
+                          ndim_or_none(input_mixes_grad), ndim_or_none(mhc_scale_grad), ndim_or_none(mhc_base_grad),
+                          mhc_post_mult_value, mhc_post_mult_value.__class__]  # fmt: skip
         except (KeyError, AttributeError, TypeError, IndexError):
             pass
         else:
@@ -187,8 +184,9 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mi
         got = torch.ops.tilebake.mhc_pre_split_mixes_bwd(*grads, input_mixes, post_layer_mix, mhc_scale, mhc_base, post_mult)
         given = (input_mixes_grad, mhc_scale_grad, mhc_base_grad)
         return tuple(g if o is None else o.copy_(g) for g, o in zip(got, given))
-    key = ("bwd", input_mixes.ndim, m3, *(t.ndim for t in (*grads, post_layer_mix)), _nd(input_mixes_grad),
-           _nd(mhc_scale_grad), _nd(mhc_base_grad), mhc_post_mult_value, mhc_post_mult_value.__class__)  # fmt: skip
+    key = ("bwd", input_mixes.ndim, m3, *(t.ndim for t in (*grads, post_layer_mix)), ndim_or_none(input_mixes_grad),
+           ndim_or_none(mhc_scale_grad), ndim_or_none(mhc_base_grad), mhc_post_mult_value,
+           mhc_post_mult_value.__class__)  # fmt: skip
     mix_grad = torch.empty_like(input_mixes) if input_mixes_grad is None else input_mixes_grad
     scale_grad = torch.empty_like(mhc_scale) if mhc_scale_grad is None else mhc_scale_grad
     base_grad = torch.empty_like(mhc_base) if mhc_base_grad is None else mhc_base_grad
