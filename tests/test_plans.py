@@ -178,3 +178,16 @@ def test_every_native_call_is_skipped_while_dynamo_traces():
                 if not guarded or above.rindex("is_compiling()") > above.rfind("try:"):
                     unguarded.append(f"{path.name}:{i + 1}")
     assert not unguarded, f"plan.run without the torch.compiler.is_compiling() guard: {unguarded}"
+
+
+def test_version_bump_takes_the_written_tuple_even_in_inference_mode():
+    """Plans bump every tensor they wrote in one call with a tuple; the function is picked once,
+    also when the first plan is built under torch.inference_mode (whose tensors have no version)."""
+    plan._bump_tuple.cache_clear()
+    with torch.inference_mode():
+        bump = plan._bump_tuple()
+        bump((torch.empty(2), torch.empty(3)))  # inference tensors: no version, no error
+    a, b = torch.empty(2), torch.empty(3)
+    before = (a._version, b._version)
+    bump((a, b))
+    assert (a._version, b._version) == (before[0] + 1, before[1] + 1)
