@@ -1,7 +1,9 @@
 """mhc_post, as TileLang factories (build time only); m (up to the variant's max_mult, whose
 register arrays it sizes) and every size at run time.
 
-Forward: a thread an 8-column vector of a token (grid: tokens x column blocks), the m residual
+Forward: a thread an 8-column vector of a token, flat over the tokens' vectors (every CTA full
+whatever the hidden size: 254.0-255.6 us against 262.7-263.2 for a grid of tokens x column blocks
+at 8192 x 4 x 7168, 146.3 against 152.7-153.0 at 8192 x 4 x 4096; H200 session 15), the m residual
 vectors in registers; out[o] = post[o] * x, then + comb[i, o] * residual[i] for i in order (fp32,
 each term added by a fused multiply-add: 265-267 us against 277.5-277.7 with every product
 rounded at 8192 x 4 x 7168, H200 session 11), rounded to bf16 once:
@@ -45,16 +47,20 @@ def _forward(MAX_M):
         COMB: T.Tensor((n, m, m), "float32"),
         OUT: T.Tensor((n, m, h), "bfloat16"),
     ):
-        with T.Kernel(n, T.ceildiv(h, THREADS * VEC), threads=THREADS) as (t, b):
+        with T.Kernel(T.ceildiv(n * (h // VEC), THREADS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
             xs = T.alloc_local((VEC,), "bfloat16")
             rs = T.alloc_local((MAX_M, VEC), "bfloat16")
             acc = T.alloc_local((VEC,), "float32")
             ys = T.alloc_local((VEC,), "bfloat16")
+            e = T.alloc_var("int32")
+            t = T.alloc_var("int32")
             vec = T.alloc_var("int32")
-            vec = b * THREADS + tx
-            if vec * VEC < h:
+            e = b * THREADS + tx  # flat over the tokens' vectors: every CTA full whatever the hidden size
+            t = T.truncdiv(e, h // VEC)
+            vec = e - t * (h // VEC)
+            if t < n:
                 for j in T.vectorized(VEC):
                     xs[j] = X[t, vec * VEC + j]
                 for i in T.unroll(MAX_M):

@@ -4,7 +4,8 @@ softmax plus eps, then alternating column and row normalisations), and its backw
 Validate, allocate, launch (kernels_tl/mhc/mhc_sinkhorn.py: a thread a matrix element, the row
 and column sums exchanged through shuffles or shared memory; the backward recomputes the
 iterates from x, as the original stores nothing). m (1 to 8), repeat (>= 1) and eps at run time. CPU tensors take the references of the kernels'
-arithmetic (tilebake.torch.mhc.sinkhorn_ordered_ref / sinkhorn_bwd_ordered_ref).
+arithmetic (tilebake.torch.mhc.sinkhorn_ordered_ref / sinkhorn_bwd_ordered_ref); the CUDA kernels
+divide in the normalisation steps by div.approx (2 ulp), within the original's tolerance of them.
 """
 
 from __future__ import annotations
