@@ -9,9 +9,13 @@ each term added by a fused multiply-add: 265-267 us against 277.5-277.7 with eve
 rounded at 8192 x 4 x 7168, H200 session 11), rounded to bf16 once:
 tilebake.torch.mhc.mhc_post_ref's arithmetic.
 Backward: G warps a token (the variant's token_warps: 1, or 4 = the CTA, for hidden sizes from
-mhc_post.WIDE_ROWS), their lanes over the columns (8 a lane a step), each step's loads issued
-before any use, the token's mixes held in registers for m <= 4 (reloaded a step: 421-423 us
-against 412-415 at 8192 x 4 x 7168, H200 session 13). d_x = sum_o post[o] d_o[o] and
+mhc_post.WIDE_ROWS), their lanes over the columns (8 a lane a step). A step's vectors come by
+cp.async into the lane's own slots of its warp's shared stages, the next step's issued before
+this one's are read, so DRAM works while a step is computed (H200 session 16 at 8192 x 4 x 7168:
+394.7-396.5 us against 404.2-406.5 with each step's loads into registers, issued before any use;
+404.2-405.9 with the stages 64 but not 128 bytes aligned).
+The token's mixes are held in registers for m <= 4 (reloaded a step: 421-423 us against 412-415,
+H200 session 13). d_x = sum_o post[o] d_o[o] and
 d_residual[i] = sum_o comb[i, o] d_o[o] likewise per vector; each lane sums x . d_o[o] and
 residual[i] . d_o[o] over its columns, a butterfly in each warp (and for G > 1 the token's warps'
 sums in order through shared memory) gives d_post[o] and d_comb[i, o] (a fixed order for a
@@ -27,7 +31,22 @@ from tilebake.mhc.mhc_post import MhcPostVariant
 
 THREADS = 128
 WARPS = THREADS // 32
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
+# Whole vectors (the host checks hidden % VEC). No barriers inserted and no shared buffer reused
+# for another: each lane reads only the stage slots its own cp.async wrote, after its own wait,
+# and the backward's one barrier (before its warps' sums are read) is explicit.
+PASS_CONFIGS = {
+    "tl.disable_safe_memory_legalize": True,
+    "tl.disable_thread_storage_sync": True,
+    "tl.disable_shared_memory_reuse": True,
+}
+# The backward's steps in flight a warp: 2 (a step's loads land while the one before is computed;
+# 3 measured the same at 8192 x 4 x 7168 and slower at 4096 x 4 x 1280, H200 session 16)
+STAGES = 2
+
+
+def copy16(dst, src):
+    """One lane's 16-byte vector global -> shared by cp.async (waited for by T.ptx_wait_group)."""
+    return T.call_extern("handle", "tl::cp_async_gs<16>", T.address_of(dst), T.address_of(src))
 
 
 def build(v: MhcPostVariant):
@@ -89,6 +108,7 @@ def _backward(MAX_M, G):
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")
 
+    NR = (MAX_M + 1) * MAX_M  # a token's sums: d_comb's m x m and d_post's m (as MAX_M + 1 rows)
     HOIST = MAX_M <= 4  # the token's mixes in registers (m <= 4: 20 of them) rather than reloaded a step
 
     @T.macro
@@ -108,28 +128,54 @@ def _backward(MAX_M, G):
                     for j in T.unroll(VEC):
                         acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(gs[o, j], "float32")))
 
+    NV = 1 + 2 * MAX_M  # a lane's vectors a step: x, d_o[0..MAX_M), residual[0..MAX_M)
+
     @T.macro
-    def walk(X, R, POST, COMB, DO, DX, DR, t, share, lane, xs, rs, gs, acc, ys, part, wr, mhc_mult, hidden):
+    def issue(X, R, DO, t, p, share, lane, stage, warp, mhc_mult, hidden):
+        """Step p's vectors of the lane, global -> its own slots of the warp's stage p % STAGES by
+        cp.async (one commit group a step, empty past the row: the groups stay counted alike)."""
+        c = ((p * G + share) * 32 + lane) * VEC
+        s = p % STAGES
+        if c < hidden:
+            copy16(stage[warp, s, 0, lane * VEC], X[t, c])
+            for o in T.unroll(MAX_M):
+                if o < mhc_mult:
+                    copy16(stage[warp, s, 1 + o, lane * VEC], DO[t, o, c])
+            for i in T.unroll(MAX_M):
+                if i < mhc_mult:
+                    copy16(stage[warp, s, 1 + MAX_M + i, lane * VEC], R[t, i, c])
+        T.ptx_commit_group()
+
+    @T.macro
+    def walk(X, R, POST, COMB, DO, DX, DR, t, share, lane, xs, rs, gs, acc, ys, part, wr, stage, warp, mhc_mult, hidden):
         """The token's columns of this warp's share: its vectors' d_x and d_residual, and the lane's
-        part sums (arguments named as the kernel's: TileLang names them after these)."""
+        part sums (arguments named as the kernel's: TileLang names them after these). The next
+        STAGES - 1 steps' loads are in flight (cp.async into shared memory, no registers) while a
+        step is computed."""
         if HOIST:
             for r in T.unroll(MAX_M + 1):
                 for o in T.unroll(MAX_M):
                     if (r < mhc_mult or r == MAX_M) and o < mhc_mult:
                         wr[r, o] = POST[t, o] if r == MAX_M else COMB[t, r, o]
+        for q in T.unroll(STAGES - 1):
+            issue(X, R, DO, t, q, share, lane, stage, warp, mhc_mult, hidden)
         for p in T.serial(T.ceildiv(hidden, G * 32 * VEC)):
+            issue(X, R, DO, t, p + STAGES - 1, share, lane, stage, warp, mhc_mult, hidden)
+            T.ptx_wait_group(STAGES - 1)  # step p's group (the lane's own copies) has landed
+            T.call_extern("handle", "__syncwarp")  # (orders the shared reads after the wait)
             c = ((p * G + share) * 32 + lane) * VEC
+            s = p % STAGES
             if c < hidden:
                 for j in T.vectorized(VEC):
-                    xs[j] = X[t, c + j]
+                    xs[j] = stage[warp, s, 0, lane * VEC + j]
                 for o in T.unroll(MAX_M):
                     if o < mhc_mult:
                         for j in T.vectorized(VEC):
-                            gs[o, j] = DO[t, o, c + j]
-                for i in T.unroll(MAX_M):  # every load of the step before any use: one DRAM latency a step
+                            gs[o, j] = stage[warp, s, 1 + o, lane * VEC + j]
+                for i in T.unroll(MAX_M):
                     if i < mhc_mult:
                         for j in T.vectorized(VEC):
-                            rs[i, j] = R[t, i, c + j]
+                            rs[i, j] = stage[warp, s, 1 + MAX_M + i, lane * VEC + j]
                 mix_sum(POST, wr, t, None, gs, acc, mhc_mult)
                 for j in T.unroll(VEC):
                     ys[j] = T.cast(acc[j], "bfloat16")
@@ -165,6 +211,8 @@ def _backward(MAX_M, G):
     ):
         with T.Kernel(T.ceildiv(n * G, WARPS), threads=THREADS) as b:
             tx = T.get_thread_binding(0)
+            if MAX_M <= 4:  # at most 128 registers: 16 warps an SM (m <= 8: its stages fit 3 CTAs)
+                T.annotate_min_blocks_per_sm(4)
             T.assume(h % VEC == 0)
             lane = tx % 32
             warp = tx // 32
@@ -178,12 +226,14 @@ def _backward(MAX_M, G):
             ys = T.alloc_local((VEC,), "bfloat16")
             # part[i, o]: residual[i] . d_o[o] (i < MAX_M), part[MAX_M, o]: x . d_o[o]
             part = T.alloc_local((MAX_M + 1, MAX_M), "float32")
-            red = T.alloc_shared((WARPS, (MAX_M + 1) * MAX_M), "float32")  # the warps' sums (G > 1)
             for r in T.unroll(MAX_M + 1):
                 for o in T.unroll(MAX_M):
                     part[r, o] = T.float32(0)
             wr = T.alloc_local((MAX_M + 1, MAX_M), "float32")  # [i, o]: comb[i, o]; [MAX_M, o]: post[o]
-            args = (X, R, POST, COMB, DO, DX, DR, t, share, lane, xs, rs, gs, acc, ys, part, wr, m, h)
+            stage = T.alloc_shared((WARPS, STAGES, NV, 32 * VEC), "bfloat16")  # each lane its own slots
+            # the warps' sums (G > 1), a whole number of KiB: the stages after it stay 1 KiB aligned
+            red = T.alloc_shared((-(-WARPS * NR // 256) * 256,), "float32")
+            args = (X, R, POST, COMB, DO, DX, DR, t, share, lane, xs, rs, gs, acc, ys, part, wr, stage, warp, m, h)
             if G == 1:
                 if t < n:  # (the last CTA's warps past the tokens)
                     walk(*args)
@@ -204,17 +254,16 @@ def _backward(MAX_M, G):
                                 else:
                                     DCOMB[t, r, o] = part[r, o]
                         elif lane == 0:
-                            red[warp, r * MAX_M + o] = part[r, o]
+                            red[warp * NR + r * MAX_M + o] = part[r, o]
             if G > 1:
                 T.sync_threads()
-                NR = (MAX_M + 1) * MAX_M
                 for e in T.unroll(-(-NR // (G * 32))):  # the token's threads take its sums in turn
                     k = e * G * 32 + share * 32 + lane
                     if t < n and k < NR:
                         total = T.alloc_var("float32")
-                        total = red[warp - share, k]
+                        total = red[(warp - share) * NR + k]
                         for w in T.unroll(G - 1):
-                            total = total + red[warp - share + w + 1, k]
+                            total = total + red[(warp - share + w + 1) * NR + k]
                         if k // MAX_M == MAX_M and k % MAX_M < m:
                             DPOST[t, k % MAX_M] = total
                         elif k // MAX_M < m and k % MAX_M < m:

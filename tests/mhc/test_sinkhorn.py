@@ -1,7 +1,8 @@
-"""mhc_sinkhorn_fwd / _bwd, m = 1 to 8, any repeat: on the CPU bit-exact with the kernels'
-arithmetic (sinkhorn_ordered_ref / sinkhorn_bwd_ordered_ref), and on both devices within the
-original's tolerance (rtol 1e-5, atol 1e-6) of sinkhorn_normalize_ref and of float64 autograd
-of it; argument errors on the CPU."""
+"""mhc_sinkhorn_fwd / _bwd, m = 1 to 8, any repeat: on the CPU bit-exact with the ordered
+references (sinkhorn_ordered_ref / sinkhorn_bwd_ordered_ref: the CUDA kernels' sums, IEEE
+divisions where the kernels' steps use div.approx), and on both devices within the original's
+tolerance (rtol 1e-5, atol 1e-6) of sinkhorn_normalize_ref and of float64 autograd of it;
+argument errors on the CPU."""
 
 import pytest
 import torch

@@ -189,8 +189,10 @@ def _sinkhorn_softmax(x: torch.Tensor, eps: float):
 
 
 def sinkhorn_ordered_ref(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> torch.Tensor:
-    """sinkhorn_normalize_ref with the kernels' sums (index order) and divisions (x / (sum + eps));
-    step s normalises the columns (s even) or the rows (s odd), 2 * repeat - 1 steps."""
+    """sinkhorn_normalize_ref with the kernels' sums (index order) and IEEE divisions (x / (sum +
+    eps)): the CPU path's arithmetic. The CUDA kernels' steps divide by div.approx (2 ulp), so the
+    two devices agree within the original's tolerance, not bit for bit. Step s normalises the
+    columns (s even) or the rows (s odd), 2 * repeat - 1 steps."""
     _, x = _sinkhorn_softmax(x, eps)
     for s in range(2 * repeat - 1):
         x = x / (_ordered_sum(x, -2 if s % 2 == 0 else -1) + eps)
@@ -198,7 +200,8 @@ def sinkhorn_ordered_ref(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -
 
 
 def sinkhorn_bwd_ordered_ref(grad_output: torch.Tensor, x: torch.Tensor, repeat: int = 10, eps: float = 1e-6):
-    """The gradient of sinkhorn_ordered_ref(x) for grad_output, as the kernel computes it: per step
+    """The gradient of sinkhorn_ordered_ref(x) for grad_output, as the kernel computes it (IEEE
+    divisions where the CUDA kernel's steps use div.approx, as in the forward): per step
     in reverse, g = (g - sum(g * y)) / d for y = x_in / d, d = sum(x_in) + eps along the step's
     axis; then the softmax's p * (g - sum over the row of g * p). Each sum of products from 0."""
     p, cur = _sinkhorn_softmax(x, eps)
