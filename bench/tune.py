@@ -47,7 +47,7 @@ def _variant_type(op):
     sys.path[:0] = [str(ROOT / "build_tools"), str(ROOT), str(ROOT / "src")]
     from tilebake._registry import VARIANT_TYPES
 
-    return next(t for t in VARIANT_TYPES if t.op == op)
+    return next(t for t in VARIANT_TYPES if t.op == op and t.backend == "cuda")
 
 
 def _stem(v, cfg):

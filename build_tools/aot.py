@@ -38,12 +38,13 @@ from build_tools.bundle import bundle_entry, bundles, write_bundle  # noqa: E402
 LAUNCH_AXES = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
-def variants_by_id(ops: str = ""):
-    """Every declared variant, or (a developer's partial build) those of the comma-separated `ops`."""
+def variants_by_id(ops: str = "", backend: str = "cuda"):
+    """Every declared variant of `backend`, or (a developer's partial build) those of the
+    comma-separated `ops`."""
     from tilebake._registry import all_variants
 
     wanted = {op for op in ops.split(",") if op}
-    variants = [v for v in all_variants() if not wanted or v.op in wanted]
+    variants = [v for v in all_variants(backend) if not wanted or v.op in wanted]
     unknown = wanted - {v.op for v in variants}
     if unknown:
         raise SystemExit(f"aot: TILEBAKE_OPS names unknown ops {sorted(unknown)}")
@@ -119,8 +120,8 @@ def kernel_sources(v) -> list[str]:
     source first, then, sorted, every repository module (kernels_tl/, src/tilebake/) that the
     source or the variant's declaration imports, transitively. CMake re-lowers the op when one
     changes, and the manifest's per-kernel source_sha256 covers the same files."""
-    source = ROOT / "kernels_tl" / v.family / f"{v.op}.py"
-    todo = [*package_files(f"kernels_tl.{v.family}.{v.op}"), *package_files(type(v).__module__)]
+    source = module_file(v.kernel_module())
+    todo = [*package_files(v.kernel_module()), *package_files(type(v).__module__)]
     seen = set(todo)
     while todo:
         for file in imported_files(todo.pop()):
@@ -209,7 +210,7 @@ def lower_one(v, arch: str, out_dir: Path, build_kwargs=None, stem=None):
     from tilelang import tvm
     from tvm.target import Target
 
-    source = importlib.import_module(f"kernels_tl.{v.family}.{v.op}")
+    source = importlib.import_module(v.kernel_module())
     target = Target({"kind": "cuda", "arch": arch})  # explicit arch: bare "cuda" silently means sm_50
     with tvm.transform.PassContext(opt_level=3, config=getattr(source, "PASS_CONFIGS", {})), target:
         artifact = tilelang.lower(source.build(v, **(build_kwargs or {})), target=target)

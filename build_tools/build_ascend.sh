@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # The Ascend build entry for CI (wheels.yml, in a CANN container image). It checks for the CANN
 # toolchain and then builds the Ascend kernel package, tilebake-ascend (backends/ascend, the
-# counterpart of backends/cuda: README, "Packages") into wheelhouse/. tilebake has no Ascend
-# kernels yet, so after the toolchain check this script fails on purpose, saying so, rather than
-# report a build it did not do.
-# Exit codes: 0 built, 2 no CANN toolchain, 3 no Ascend kernel package in this checkout.
+# counterpart of backends/cuda: README, "Packages") into wheelhouse/.
+# Exit codes: 0 built, 2 no CANN toolchain, else the build's own failure.
+# --setup: first make the build environment (a venv with a CPU torch from PyTorch's CPU index,
+# never PyPI's CUDA build, then build_tools/requirements-build.txt), as the CI job's step does:
+#   docker run --rm -v "$PWD":/src -w /src quay.io/ascend/cann:9.1.1-950-ubuntu22.04-py3.11 \
+#     bash build_tools/build_ascend.sh --setup
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--setup" ]]; then
+  python3 -m venv /tmp/tilebake-ascend-build
+  # shellcheck disable=SC1091
+  . /tmp/tilebake-ascend-build/bin/activate
+  pip install -q "$(grep -E '^torch==' build_tools/requirements-build.txt)" --index-url https://download.pytorch.org/whl/cpu
+  pip install -q -r build_tools/requirements-build.txt
+fi
 
 # CANN images install the toolkit under /usr/local/Ascend; its set_env.sh exports
 # ASCEND_HOME_PATH and PATH, but a CI step's shell does not source it by itself.
@@ -48,13 +58,10 @@ for info in "$ASCEND_HOME_PATH"/*/version.cfg "$ASCEND_HOME_PATH"/version.cfg; d
   fi
 done
 
-# The Ascend kernel package (lower every variant with TileLang's Ascend backend, compile with
-# CANN, write the manifest, as backends/cuda does with nvcc); it does not exist yet.
-package=backends/ascend
-if [[ ! -f "$package/pyproject.toml" ]]; then
-  echo "::error::No Ascend kernels to build yet: $package/pyproject.toml (the tilebake-ascend package)" \
-    "does not exist in this checkout. The CANN toolchain is there; this job fails until the Ascend" \
-    "backend lands." >&2
-  exit 3
-fi
-python -m pip wheel --no-build-isolation --no-deps -w wheelhouse "$package"
+# The Ascend kernel package (backends/ascend): stage 1 lowers every Ascend variant with
+# TileLang's Ascend backend, stage 2 compiles each with CANN's bisheng and ld.lld, then the
+# manifest (as backends/cuda does with nvcc). aot_ascend.py finds bisheng through BISHENG_HOME.
+export BISHENG_HOME="${BISHENG_HOME:-$(dirname "$(dirname "$(command -v bisheng 2>/dev/null || echo "$compiler")")")}"
+SOURCE_DATE_EPOCH="$(git -c safe.directory='*' log -1 --format=%ct 2>/dev/null || date +%s)"
+export SOURCE_DATE_EPOCH
+python -m pip wheel --no-build-isolation --no-deps -w wheelhouse backends/ascend

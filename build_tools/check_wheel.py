@@ -3,7 +3,7 @@
     python build_tools/check_wheel.py dist/*.whl       # wheels (wheels.yml)
     python build_tools/check_wheel.py --installed      # what pip installed (tests/test_check_wheel.py)
 
-A wheel is one of two packages (README, "Packages"), told apart by its contents. Fails (exit 1,
+A wheel is one of three packages (README, "Packages"), told apart by its contents. Fails (exit 1,
 one line per problem) unless:
 - the runtime (tilebake/...) has its native launcher, which NEEDs only glibc: no libtorch/libc10
   (one wheel for every torch), no libcuda/libcudart (the launcher dlopens the driver), no
@@ -12,7 +12,9 @@ one line per problem) unless:
   listed op; every binary the op manifests name is there with the sha256 they record; no cubin is
   there that no manifest names; no host code (shared objects); the manifest's tilebake version is
   the one the wheel's metadata requires; the wheel is py3-none-any;
-- neither ships a kernel or launcher source (.cu, .cuh, .c, .cc, .cpp);
+- the Ascend kernels (tilebake_ascend/...) likewise, with .aibin binaries, and not a stage-1
+  manifest (sources only);
+- none ships a kernel or launcher source (.cu, .cuh, .c, .cc, .cpp, .asc);
 - each file (wheel) is under --max-mb (100 MB);
 - the build is not a developer's partial build (TILEBAKE_OPS), unless --allow-partial.
 """
@@ -27,7 +29,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-SOURCE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp")
+SOURCE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".asc")
 # What the stable-ABI launcher may link: glibc's libraries and the dynamic loader.
 ALLOWED_NEEDED = {"libc.so.6", "libdl.so.2", "libpthread.so.0", "libm.so.6", "librt.so.1"}
 ALLOWED_NEEDED_PREFIXES = ("ld-linux",)
@@ -65,7 +67,8 @@ def elf_needed(image: bytes) -> list[str]:
     return needed
 
 
-RUNTIME, CUDA_KERNELS = "tilebake", "tilebake_cuda"
+RUNTIME, CUDA_KERNELS, ASCEND_KERNELS = "tilebake", "tilebake_cuda", "tilebake_ascend"
+BINARY_SUFFIX = {CUDA_KERNELS: ".cubin", ASCEND_KERNELS: ".aibin"}  # each kernel package's binaries
 
 
 def is_shared_object(path: str) -> bool:
@@ -79,10 +82,10 @@ def check_tree(files: dict, allow_partial: bool) -> list[str]:
     packages = {p.split("/", 1)[0] for p in files if not p.split("/", 1)[0].endswith((".dist-info", ".data"))}
     if packages == {RUNTIME}:
         errors = check_runtime(files)
-    elif packages == {CUDA_KERNELS}:
-        errors = check_cuda_kernels(files, allow_partial)
+    elif len(packages) == 1 and packages <= BINARY_SUFFIX.keys():
+        errors = check_kernels(files, packages.pop(), allow_partial)
     else:
-        return [f"holds {sorted(packages)}; a wheel is {RUNTIME} or {CUDA_KERNELS}, alone"]
+        return [f"holds {sorted(packages)}; a wheel is one of {RUNTIME}, {CUDA_KERNELS}, {ASCEND_KERNELS}, alone"]
     errors += [f"{path}: source file shipped" for path in sorted(files) if path.endswith(SOURCE_SUFFIXES)]
     return errors
 
@@ -90,8 +93,8 @@ def check_tree(files: dict, allow_partial: bool) -> list[str]:
 def check_runtime(files: dict) -> list[str]:
     errors = []
     for path in sorted(files):
-        if path.endswith(".cubin") or path.startswith(f"{RUNTIME}/kernels/"):
-            errors.append(f"{path}: kernels in the runtime package (they are {CUDA_KERNELS}'s)")
+        if path.endswith(tuple(BINARY_SUFFIX.values())) or path.startswith(f"{RUNTIME}/kernels/"):
+            errors.append(f"{path}: kernels in the runtime package (they are {CUDA_KERNELS}'s or {ASCEND_KERNELS}'s)")
         if is_shared_object(path):
             try:
                 needed = elf_needed(files[path]())
@@ -106,12 +109,16 @@ def check_runtime(files: dict) -> list[str]:
     return errors
 
 
-def check_cuda_kernels(files: dict, allow_partial: bool) -> list[str]:
+def check_kernels(files: dict, package: str, allow_partial: bool) -> list[str]:
+    """A kernel package (tilebake_cuda or tilebake_ascend): its manifests, and exactly the
+    binaries they name, with their sha256."""
     errors = []
-    kdir = f"{CUDA_KERNELS}/kernels/"
+    kdir, suffix = f"{package}/kernels/", BINARY_SUFFIX[package]
     if kdir + "manifest.json" not in files:
         return [f"{kdir}manifest.json is missing (a kernel package without kernels?)"]
     header = json.loads(files[kdir + "manifest.json"]())
+    if header.get("stage1_only"):
+        errors.append("a stage-1 manifest (AscendC sources, no binaries): not a kernel package")
     if header.get("partial_build_ops") and not allow_partial:
         errors.append(f"partial build (TILEBAKE_OPS={','.join(header['partial_build_ops'])}): not a release wheel")
     if not header.get("ops"):
@@ -131,8 +138,8 @@ def check_cuda_kernels(files: dict, allow_partial: bool) -> list[str]:
                 elif hashlib.sha256(files[binary]()).hexdigest() != entry["sha256"]:
                     errors.append(f"{vid} ({arch}): {binary} does not match its sha256")
     for path in sorted(files):
-        if path.endswith(".cubin") and path not in named:
-            errors.append(f"{path}: a cubin no manifest names")
+        if path.endswith(suffix) and path not in named:
+            errors.append(f"{path}: a {suffix} binary no manifest names")
         if is_shared_object(path):
             errors.append(f"{path}: host code in the data-only kernel package")
     metadata = [p for p in files if p.endswith(".dist-info/METADATA")]
@@ -147,7 +154,7 @@ def check_cuda_kernels(files: dict, allow_partial: bool) -> list[str]:
 def check_wheel_tag(name: str, files: dict) -> list[str]:
     """The runtime is one stable-ABI wheel per platform; the kernels, data only, one for all."""
     tag = "-".join(name.removesuffix(".whl").split("-")[-3:])
-    if any(p.startswith(f"{CUDA_KERNELS}/") for p in files):
+    if any(p.startswith((f"{CUDA_KERNELS}/", f"{ASCEND_KERNELS}/")) for p in files):
         return [] if tag == "py3-none-any" else [f"tagged {tag}; the data-only kernel package is py3-none-any"]
     return [] if tag.startswith("cp310-abi3-") else [f"tagged {tag}; the runtime is cp310-abi3 (stable ABI)"]
 
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
             errors += check_wheel_tag(name, files)
         if size is not None and size > args.max_mb * MB:
             errors.append(f"{size / MB:.1f} MB > {args.max_mb:g} MB")
-        cubins = sum(p.endswith(".cubin") for p in files)
+        binaries = sum(p.endswith(tuple(BINARY_SUFFIX.values())) for p in files)
         if errors:
             failed = True
             print(f"check_wheel: {name}: FAILED", file=sys.stderr)
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
                 print(f"  {e}", file=sys.stderr)
         else:
             size_text = f", {size / MB:.1f} MB" if size is not None else ""
-            print(f"check_wheel: {name}: ok ({cubins} cubins match the manifest{size_text})")
+            print(f"check_wheel: {name}: ok ({binaries} binaries match the manifest{size_text})")
     return 1 if failed else 0
 
 

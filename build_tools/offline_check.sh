@@ -104,10 +104,12 @@ fi
 # The tests run from a copy outside the source tree, so `import tilebake` is the installed wheel.
 # The same files as cibuildwheel's test-sources: the tests also check the benchmark cases, the
 # build tools and the workflows; there is no src/ beside them.
-mkdir -p "$WORK/run/bench" "$WORK/run/backends/cuda"
+mkdir -p "$WORK/run/bench" "$WORK/run/backends/cuda" "$WORK/run/backends/ascend"
 cp -r tests build_tools .github "$WORK/run/"
 cp pyproject.toml "$WORK/run/"  # the pytest configuration (markers)
-cp backends/cuda/pyproject.toml "$WORK/run/backends/cuda/"  # the packaging tests read it
+for backend in cuda ascend; do  # the packaging tests read them
+  cp "backends/$backend/pyproject.toml" "$WORK/run/backends/$backend/"
+done
 cp bench/*.py "$WORK/run/bench/"
 find "$WORK/run" -name __pycache__ -prune -exec rm -rf {} +
 

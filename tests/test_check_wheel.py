@@ -81,7 +81,7 @@ KDIR = "tilebake_cuda/kernels"
     [
         ("tampered", "sm_90a/op_a.v1.cubin does not match its sha256"),
         ("missing_cubin", "sm_100a/op_a.v1.cubin is missing"),
-        ("orphan_cubin", "stale.cubin: a cubin no manifest names"),
+        ("orphan_cubin", "stale.cubin: a .cubin binary no manifest names"),
         ("kernel_source", "op_a.v1.cu: source file shipped"),
         ("missing_op_file", "ops/op_a.json is missing"),
         ("partial", "partial build"),
@@ -163,7 +163,7 @@ def test_wheel_files_tags_and_the_size_limit(launcher_bytes, tmp_path, capsys):
         tmp_path / "tilebake-0.1.0-cp310-abi3-manylinux_2_28_x86_64.whl", runtime_tree(launcher_bytes)
     )
     assert check_wheel.main([str(kernels), str(runtime)]) == 0
-    assert "ok (2 cubins" in capsys.readouterr().out
+    assert "ok (2 binaries" in capsys.readouterr().out
     assert check_wheel.main([str(kernels), "--max-mb", "0.001"]) == 1
     assert check_size.main([str(kernels), "--max-mb", "100"]) == 0
     assert check_size.main([str(kernels), "--max-mb", "0.001"]) == 1

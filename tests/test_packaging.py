@@ -21,6 +21,7 @@ from .test_workflows import load_toml
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = load_toml(ROOT / "pyproject.toml")
 CUDA_KERNELS = load_toml(ROOT / "backends" / "cuda" / "pyproject.toml")
+ASCEND_KERNELS = load_toml(ROOT / "backends" / "ascend" / "pyproject.toml")
 
 
 def test_one_version_everywhere():
@@ -31,6 +32,12 @@ def test_one_version_everywhere():
     assert CUDA_KERNELS["project"]["dependencies"] == [f"tilebake=={version}"]
     assert RUNTIME["project"]["optional-dependencies"]["cuda"] == [f"tilebake-cuda=={version}"]
     assert CUDA_KERNELS["project"]["name"] == loader.CUDA_KERNELS_PACKAGE
+    from tilebake._runtime import ascend
+
+    assert ASCEND_KERNELS["project"]["version"] == version
+    assert ASCEND_KERNELS["project"]["dependencies"] == [f"tilebake=={version}"]
+    assert RUNTIME["project"]["optional-dependencies"]["ascend"] == [f"tilebake-ascend=={version}"]
+    assert ASCEND_KERNELS["project"]["name"] == ascend.ASCEND_KERNELS_PACKAGE
 
 
 def test_kernel_package_is_data_only():
@@ -38,6 +45,8 @@ def test_kernel_package_is_data_only():
     wheel = CUDA_KERNELS["tool"]["scikit-build"]["wheel"]
     assert wheel["platlib"] is False and wheel["py-api"] == "py3"
     assert wheel["packages"] == [f"src/{loader.CUDA_KERNELS_MODULE}"]
+    wheel = ASCEND_KERNELS["tool"]["scikit-build"]["wheel"]
+    assert wheel["platlib"] is False and wheel["py-api"] == "py3" and wheel["packages"] == ["src/tilebake_ascend"]
 
 
 def test_installed_kernels_are_this_runtimes():

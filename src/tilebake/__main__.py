@@ -162,6 +162,9 @@ def cmd_doctor(args) -> int:
                 print("    smoke run: " + ("every op matches its reference" if not failures else f"FAILED {failures}"))
                 problems += [f"cuda:{device} smoke run {failure}" for failure in failures]
                 uncovered |= {failure.split(":", 1)[0] for failure in failures} & set(required)
+    from tilebake import _doctor_ascend
+
+    _doctor_ascend.report(problem)
     if required:
         print(f"--require {','.join(required)}: " + ("ok" if not uncovered else f"NOT covered: {sorted(uncovered)}"))
     return 1 if problems or uncovered else 0

@@ -22,16 +22,18 @@ def _declared_types() -> tuple:
                 importlib.import_module(f"tilebake.{family}.{module}")
     # Only the package's own declarations (a test may declare a Variant of its own).
     ours = [cls for cls in DECLARED if cls.__module__.startswith("tilebake.")]
-    ours.sort(key=lambda cls: (cls.family, cls.op))
-    ops = [cls.op for cls in ours]
+    ours.sort(key=lambda cls: (cls.family, cls.op, cls.backend))
+    ops = [(cls.op, cls.backend) for cls in ours]
     duplicates = sorted({op for op in ops if ops.count(op) > 1})
     if duplicates:
-        raise RuntimeError(f"ops declared by more than one Variant class: {duplicates}")
+        raise RuntimeError(f"(op, backend) pairs declared by more than one Variant class: {duplicates}")
     return tuple(ours)
 
 
 VARIANT_TYPES = _declared_types()
 
 
-def all_variants():
-    return [v for cls in VARIANT_TYPES for v in cls.all()]
+def all_variants(backend: str = "cuda"):
+    """Every variant one backend's kernel package holds ('cuda': tilebake-cuda, 'ascend':
+    tilebake-ascend)."""
+    return [v for cls in VARIANT_TYPES if cls.backend == backend for v in cls.all()]

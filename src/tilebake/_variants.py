@@ -44,6 +44,11 @@ def f32(*names: str) -> tuple[Param, ...]:
 
 # Every Variant subclass that declares an op, in definition order (tilebake._registry imports
 # the op packages and sorts them): declaring a Variant is all it takes for the build to see it.
+# The vector-core counts the Ascend kernels are built for: each bakes its count into its grid and
+# its loop strides (one block a vector core), so a device with another count has no binary.
+# Ascend950PR_9589: 64 (2 vector cores an AI core).
+ASCEND_VEC_CORES = (64,)
+
 DECLARED: list[type[Variant]] = []
 
 
@@ -51,6 +56,10 @@ DECLARED: list[type[Variant]] = []
 class Variant:
     family: ClassVar[str]  # kernels_tl/<family>/<op>.py holds the TileLang factory
     op: ClassVar[str]
+    # 'cuda' (tilebake-cuda), or 'ascend' (tilebake-ascend: its factory in
+    # kernels_tl/ascend/<family>/<op>.py, lowered for Ascend 950 by build_tools/aot_ascend.py).
+    # An op declares at most one Variant class per backend.
+    backend: ClassVar[str] = "cuda"
     # PARAMS = (Param, ...), or params() overridden. Not annotated: an annotated class attribute
     # is in __dataclass_fields__, which the manifest's "key" lists.
 
@@ -70,6 +79,12 @@ class Variant:
         super().__init_subclass__(**kwargs)
         if "op" in cls.__dict__:
             DECLARED.append(cls)
+
+    @classmethod
+    def kernel_module(cls) -> str:
+        """The module of the op's TileLang factory for this backend (build time only)."""
+        prefix = "kernels_tl" if cls.backend == "cuda" else f"kernels_tl.{cls.backend}"
+        return f"{prefix}.{cls.family}.{cls.op}"
 
     @property
     def id(self) -> str:

@@ -23,3 +23,7 @@ class CorruptArtifactError(TilebakeError, RuntimeError):
 
 class CudaDriverError(TilebakeError, RuntimeError):
     """The CUDA driver refused a load or a launch."""
+
+
+class AscendRuntimeError(TilebakeError, RuntimeError):
+    """An Ascend runtime (ACL) call failed; the message names the call and its error."""

@@ -114,7 +114,7 @@ BAD_CALLS = [
     (dict(sf=[-torch.ones(4, 8)]), ValueError, "powers of two"),
     (dict(sf=[torch.zeros(4, 8)]), ValueError, "powers of two"),
     (dict(sf=[torch.full((4, 8), float("inf"))]), ValueError, "powers of two"),
-    (dict(sf=[torch.ones(4, 8, device="meta")]), ValueError, "must be on a CUDA device or the CPU"),
+    (dict(sf=[torch.ones(4, 8, device="meta")]), ValueError, "must be on a CUDA device, an NPU or the CPU"),
     (dict(outs=_outs(sf0_shape=(128, 3))), ValueError, "outs\\[0\\]\\[0\\] must have shape \\(128, 2\\)"),
     (dict(outs=_outs(sf1_shape=(256, 1))), ValueError, "outs\\[0\\]\\[1\\] must have shape \\(1, 256\\)"),
     (dict(outs=_outs(), transpose_sf1s=[False]), ValueError, "outs\\[0\\]\\[1\\] must have shape \\(256, 1\\)"),

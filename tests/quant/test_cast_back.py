@@ -61,7 +61,7 @@ BAD_CALLS = [
     (
         dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn, device="meta"), torch.ones(4, 1, device="meta"))),
         ValueError,
-        "x\\[0\\] must be on a CUDA device or the CPU",
+        "x\\[0\\] must be on a CUDA device, an NPU or the CPU",
     ),
     (dict(x_block_size=(1, 100)), ValueError, "x_block_size\\[1\\] \\(bk\\) must be 1"),
     (dict(x_block_size=(0, 128)), ValueError, "x_block_size must be a pair"),

@@ -129,7 +129,7 @@ BAD_CALLS = [
     (dict(x=torch.zeros(4, 48), fmt="e2m1"), ValueError, "multiple of 32"),
     (dict(x=torch.zeros(128, 4).t()), ValueError, "contiguous in its last dim"),
     (dict(x=torch.zeros(4, 132, dtype=torch.bfloat16)[:, :128]), ValueError, "row stride must be a multiple of 16"),
-    (dict(x=torch.zeros(4, 128, device="meta")), ValueError, "x must be on a CUDA device or the CPU"),
+    (dict(x=torch.zeros(4, 128, device="meta")), ValueError, "x must be on a CUDA device, an NPU or the CPU"),
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(block_size=(64, 128)), ValueError, "block_size must be a pair"),
     (dict(block_size=(1, 128)), ValueError, "block_size must be a pair"),

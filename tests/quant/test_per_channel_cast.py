@@ -102,7 +102,7 @@ BAD_CALLS = [
     (dict(x=torch.zeros(4, 120)), ValueError, "multiple of 16"),
     (dict(x=torch.zeros(4, 128, 1)), ValueError, "x must be 2-D"),
     (dict(x=torch.zeros(128, 4).t()), ValueError, "contiguous in its last dim"),
-    (dict(x=torch.zeros(4, 128, device="meta")), ValueError, "x must be on a CUDA device or the CPU"),
+    (dict(x=torch.zeros(4, 128, device="meta")), ValueError, "x must be on a CUDA device, an NPU or the CPU"),
     (dict(fmt="e2m1"), ValueError, "fmt must be one of"),
     (dict(num_per_tokens=64), ValueError, "num_per_tokens must be one of"),
     (dict(num_per_tokens=True), ValueError, "num_per_tokens must be one of"),

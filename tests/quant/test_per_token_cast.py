@@ -90,12 +90,12 @@ BAD_CALLS = [
     (
         dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")),
         ValueError,
-        "x must be on a CUDA device or the CPU",
+        "x must be on a CUDA device, an NPU or the CPU",
     ),
     (
         dict(out=(torch.empty(4, 128, dtype=torch.float8_e4m3fn, device="meta"), torch.empty(4, 1))),
         ValueError,
-        "out\\[0\\] must be on a CUDA device or the CPU",
+        "out\\[0\\] must be on a CUDA device, an NPU or the CPU",
     ),
     (dict(fmt="e5m2"), ValueError, "fmt must be one of"),
     (dict(num_per_channels=48), ValueError, "num_per_channels must be one of"),
@@ -418,7 +418,7 @@ BAD_NEW_CALLS = [
     (
         dict(fmt="e2m1", x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")),
         ValueError,
-        "CUDA device or the CPU",
+        "CUDA device, an NPU or the CPU",
     ),
     (dict(x_block_size=(1, 128)), ValueError, "x_block_size must be None when x is a plain tensor"),
     (dict(x=_Q), ValueError, "x_block_size must be given"),
@@ -443,7 +443,7 @@ BAD_NEW_CALLS = [
     (
         dict(x=(torch.zeros(4, 128, dtype=torch.float8_e4m3fn, device="meta"), _Q[1]), x_block_size=(1, 128)),
         ValueError,
-        "x\\[0\\] must be on a CUDA device or the CPU",
+        "x\\[0\\] must be on a CUDA device, an NPU or the CPU",
     ),
     (
         dict(fmt="e2m1", out=(torch.empty(4, 128, dtype=torch.int8), torch.empty(4, 1))),
@@ -473,7 +473,7 @@ BAD_SF_ONLY = [
     (dict(use_e4m3_sf=True, round_sf=True), ValueError, "incompatible with round_sf"),
     (dict(x=_Q), TypeError, "no QuantTensor input"),
     (dict(x=torch.zeros(4, 200, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
-    (dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")), ValueError, "CUDA device or the CPU"),
+    (dict(x=torch.zeros(4, 128, dtype=torch.bfloat16, device="meta")), ValueError, "CUDA device, an NPU or the CPU"),
     (
         dict(num_per_channels=32, out_sf=torch.empty(4, 4), use_tma_aligned_col_major_sf=True),
         ValueError,

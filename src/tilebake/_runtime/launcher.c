@@ -257,6 +257,9 @@ static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))plan_run, METH_FASTCALL, "run(plan, *tensors): one op call in C."},
     {"trace", (PyCFunction)(void (*)(void))plan_trace, METH_FASTCALL, "trace(plan, *tensors): run without launching."},
     {"_set_error_type", set_error_type, METH_O, "Set the exception class for driver errors."},
+    {"acl_load", (PyCFunction)(void (*)(void))acl_load, METH_FASTCALL, "Load an Ascend binary; a function handle."},
+    {"acl_launch", (PyCFunction)(void (*)(void))acl_launch, METH_FASTCALL, "Launch an Ascend kernel on a stream."},
+    {"_set_acl_error_type", set_acl_error_type, METH_O, "Set the exception class for ACL errors."},
     {NULL, NULL, 0, NULL},
 };
 

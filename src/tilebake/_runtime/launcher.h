@@ -55,4 +55,9 @@ int launch_loaded(Loaded *k, const unsigned dims[6], unsigned smem, CUstream str
 PyObject *plan_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *plan_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *plan_trace(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* acl_launcher.c: the Ascend kernels (libascendcl opened with dlopen on first use). */
+PyObject *acl_load(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *acl_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *set_acl_error_type(PyObject *self, PyObject *cls);
 #endif

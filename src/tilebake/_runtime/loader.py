@@ -58,13 +58,14 @@ def kernel_dir() -> Path:
     return Path(package.KERNEL_DIR)
 
 
-def _read_manifest_file(path: Path) -> dict:
+def _read_manifest_file(path: Path, package: str = CUDA_KERNELS_PACKAGE, hint=install_hint) -> dict:
+    """A manifest file of kernel package `package` (its reinstall command: hint())."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CorruptArtifactError(
-            f"{path} is missing: the installed {CUDA_KERNELS_PACKAGE} has no compiled kernels "
-            f"(was it installed from a source tree without building?). Reinstall it: {install_hint()}"
+            f"{path} is missing: the installed {package} has no compiled kernels "
+            f"(was it installed from a source tree without building?). Reinstall it: {hint()}"
         ) from None
     except (OSError, ValueError) as e:
         raise CorruptArtifactError(f"{path} is unreadable: {e}") from None
@@ -120,9 +121,10 @@ def device_arch(device_index: int) -> str:
 def _native():
     """The native launcher, imported on the first launch so `import tilebake` loads no extension."""
     from tilebake._runtime import _launcher
-    from tilebake.errors import CudaDriverError
+    from tilebake.errors import AscendRuntimeError, CudaDriverError
 
     _launcher._set_error_type(CudaDriverError)
+    _launcher._set_acl_error_type(AscendRuntimeError)
     return _launcher
 
 

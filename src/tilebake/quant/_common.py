@@ -55,8 +55,8 @@ def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int, row_bytes: i
     num_tokens, hidden = x.shape
     if hidden % hidden_multiple:
         raise ValueError(f"{name}.shape[1] (hidden) must be a multiple of {hidden_multiple}, got {hidden}")
-    if x.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
+    if x.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {x.device}")
     if hidden > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
     if num_tokens > 1 and (x.stride(0) * x.element_size()) % row_bytes:
@@ -211,12 +211,12 @@ def sf_strides_for_kernel(sf: torch.Tensor, use_packed_ue8m0: bool) -> tuple[int
 
 def check_packed_rows(x: torch.Tensor, name: str) -> tuple[int, int]:
     """A (T, H/2) int8 matrix of packed e2m1 pairs, which the kernels read or write as 8-byte
-    vectors: last dim contiguous, row stride a multiple of 8 bytes, on a CUDA device or the CPU.
+    vectors: last dim contiguous, row stride a multiple of 8 bytes, on a CUDA device, an NPU or the CPU.
     Returns its (physical) shape."""
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (num_tokens, hidden / 2), got shape {tuple(x.shape)}")
-    if x.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
+    if x.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {x.device}")
     num_tokens, cols = x.shape
     if cols > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")

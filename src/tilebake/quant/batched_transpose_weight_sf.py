@@ -16,7 +16,7 @@ import torch
 
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.torch.weight_sf import (
     WEIGHT_SF_BLOCK_SIZES,
     check_power_of_two_scales,
@@ -44,6 +44,26 @@ class BatchedTransposeWeightSfVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("fp32"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedTransposeWeightSfAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/batched_transpose_weight_sf.py): the
+    original's Ascend case, block size 32, UE8M0 bytes packed two to an int16; the scales
+    contiguous (G, nb, kb). along 'k': sf0's (G, ceil(kb / 2), n) buffer; along 'n': sf1's
+    (G, ceil(nb / 2), k) buffer."""
+
+    family = "quant"
+    op = "batched_transpose_weight_sf"
+    backend = "ascend"
+    PARAMS = ptr("SF", "OUT", "BAD") + i32("groups", "nb", "kb")
+
+    along: str  # 'k' | 'n': the dim whose consecutive scales share an int16
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(along, cores) for along in ("k", "n") for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(BatchedTransposeWeightSfVariant)
@@ -150,8 +170,8 @@ def batched_transpose_weight_sf(
             raise TypeError(f"sf[{i}] must be torch.float32, got {s.dtype}")
         if s.dim() not in (2, 3):
             raise ValueError(f"sf[{i}] must be (n/bs, k/bs) or (G, n/bs, k/bs), got shape {tuple(s.shape)}")
-        if not (s.is_cuda or s.is_cpu):
-            raise ValueError(f"sf[{i}] must be on a CUDA device or the CPU, got {s.device}")
+        if s.device.type not in ("cuda", "cpu", "npu"):
+            raise ValueError(f"sf[{i}] must be on a CUDA device, an NPU or the CPU, got {s.device}")
         if out is not None:
             if not isinstance(out, (tuple, list)) or len(out) != 2:
                 raise TypeError(f"outs[{i}] must be None or a (sf0, sf1) pair, got {type(out).__name__}")
@@ -161,6 +181,12 @@ def batched_transpose_weight_sf(
         if s.is_cpu:  # (on the GPU the kernels check every scale: _raise_if_bad)
             check_power_of_two_scales(s, f"sf[{i}]")
 
+    if sf and all(s.device.type == "npu" for s in sf) and not outs_given:  # the Ascend kernels where they apply
+        from tilebake.quant import _batched_transpose_weight_sf_ascend as ascend_path
+
+        results = ascend_path.batched_transpose_weight_sf(sf, block_size, transpose_sf1s)
+        if results is not None:
+            return results
     if not all(s.is_cuda for s in sf):
         from tilebake.torch import batched_transpose_weight_sf as reference
 

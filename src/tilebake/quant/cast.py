@@ -16,7 +16,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import check_aligned
 from tilebake.utils import FORMAT_NAMES
@@ -34,6 +34,25 @@ class CastVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls(*key) for key in (("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")))
+
+
+@dataclasses.dataclass(frozen=True)
+class CastAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/quant/cast.py): fp32 -> bf16 with stochastic
+    rounding, the one pair the original's Ascend cast takes; the same random bits as CUDA's."""
+
+    family = "quant"
+    op = "cast"
+    backend = "ascend"
+    PARAMS = ptr("X", "Y") + i32("num_groups")
+
+    in_dtype: str  # 'fp32'
+    out_dtype: str  # 'bf16'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls("fp32", "bf16", cores) for cores in ASCEND_VEC_CORES)
 
 
 _SR_PAIRS = {("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3")}
@@ -76,8 +95,8 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         raise TypeError(f"stochastic_rounding must be a bool, got {stochastic_rounding!r}")
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got shape {tuple(x.shape)} with strides {x.stride()}")
-    if x.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"x must be on a CUDA device or the CPU, got {x.device}")
+    if x.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"x must be on a CUDA device, an NPU or the CPU, got {x.device}")
     if not stochastic_rounding:
         return x.to(dtype)
     if (src, dst) not in _SR_PAIRS:
@@ -91,6 +110,10 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         raise ValueError(f"stochastic_rounding=True needs x.numel() < 2^31 (a 32-bit element index), got {numel}")
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.stochastic_cast(x, dtype)
+    if x.device.type == "npu" and (src, dst) == ("fp32", "bf16"):  # the Ascend kernel
+        from tilebake.quant import _cast_ascend
+
+        return _cast_ascend.stochastic_cast(x)
     if not x.is_cuda:  # the slow path
         from tilebake.torch import stochastic_cast
 

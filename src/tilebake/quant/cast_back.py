@@ -15,7 +15,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.quant._common import FLOAT_DTYPES, QuantTensor, check_aligned, check_fmt, check_rows
 from tilebake.utils import ceil_div
 
@@ -40,6 +40,26 @@ class CastBackVariant(Variant):
             cls(*key)
             for key in itertools.product(("e4m3", "e2m1"), ("bf16", "fp32"), ("fp32", "e4m3", "ue8m0"), (False, True))
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class CastBackAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/cast_back.py): e4m3 data in 32-column
+    groups (per_token_cast's Ascend output), SF fp32 or UE8M0 bytes packed two to an int16,
+    row-major."""
+
+    family = "quant"
+    op = "cast_back"
+    backend = "ascend"
+    PARAMS = ptr("X", "S", "Y") + i32("num_tokens", "hidden", "x_stride", "sf_cols")
+
+    out_dtype: str  # 'bf16' | 'fp32'
+    sf_kind: str  # 'fp32' | 'ue8m0'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*key) for key in itertools.product(("bf16", "fp32"), ("fp32", "ue8m0"), ASCEND_VEC_CORES))
 
 
 _IN_FMTS = {torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1", torch.uint8: "e2m1"}
@@ -142,6 +162,12 @@ def cast_back(x: QuantTensor, fmt: str, x_block_size, x_special_fmt=None) -> tor
     row_bytes = 8 if e2m1 else 16
     num_tokens, x_cols = check_rows(data, "x[0]", hidden_multiple=8 if e2m1 else 16, row_bytes=row_bytes)
     hidden = 2 * x_cols if e2m1 else x_cols
+    if data.device.type == "npu":  # the Ascend kernels where they apply (its own SF layout: int16 UE8M0)
+        from tilebake.quant import _cast_back_ascend
+
+        out = _cast_back_ascend.cast_back(data, sf, fmt, block_m, block_k)
+        if out is not None:
+            return out
     sf_kind = _check_sf(sf, data, num_tokens, hidden, block_m, block_k)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.cast_back(data, sf, fmt, block_m, block_k)

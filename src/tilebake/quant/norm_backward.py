@@ -22,7 +22,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _norm_plans
 from tilebake.quant._common import FLOAT_FORMATS
 from tilebake.quant.norm_forward import (
@@ -59,10 +59,38 @@ class NormBackwardVariant(Variant):
         return params
 
 
+@dataclasses.dataclass(frozen=True)
+class NormBackwardAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/norm_backward.py): contiguous rows of at
+    most MAX_HIDDEN columns, a multiple of 128; each vector core's weight-gradient partial sums in
+    a row of P, summed on the host side by torch (as the original's Ascend path reduces)."""
+
+    family = "quant"
+    op = "norm_backward"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_weight: bool
+    has_residual_grad: bool
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(("bf16", "fp32"), (False, True), (False, True), ASCEND_VEC_CORES)
+        return tuple(cls(*k) for k in keys)
+
+    def params(self):
+        buffers = ("G", "X", "RSTD", "DX", *(("W", "P") if self.has_weight else ()))
+        buffers += ("ROG",) if self.has_residual_grad else ()
+        return ptr(*buffers) + f32("out_scale") + i32("num_tokens", "hidden")
+
+
 # CTAs per SM by x's dtype (the kernel asks the compiler for registers to fit that many): bf16,
 # two, so one CTA's loads overlap another's reduction barrier; fp32 rows need twice the
 # registers, one.
 CTAS_PER_SM = {torch.bfloat16: 2, torch.float32: 1}
+
+
 @dataclasses.dataclass(frozen=True)
 class NormBackwardReduceVariant(Variant):
     """The weight gradient: the partial rows summed in a fixed order, then added to OUT's values in
@@ -178,6 +206,12 @@ def norm_backward(
 def _norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale: float):
     """(x_grad, fp32 weight gradient or None) of checked arguments."""
     num_tokens, hidden = x.shape
+    if x.device.type == "npu" and num_tokens:  # the Ascend kernels where they apply
+        from tilebake.quant import _norm_backward_ascend
+
+        result = _norm_backward_ascend.norm_backward(out_grad, x, weight, rstd, residual_out_grad, out_scale)
+        if result is not None:
+            return result
     if not x.is_cuda or num_tokens == 0:
         from tilebake.torch.norm import norm_backward_ref
 

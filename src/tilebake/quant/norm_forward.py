@@ -19,7 +19,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
@@ -71,6 +71,30 @@ class NormForwardCastVariant(Variant):
         return forward_params(self.has_weight, self.has_residual, quant=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class NormForwardAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/norm_forward.py): contiguous rows of at
+    most MAX_HIDDEN columns, a multiple of 128; eps, out_scale and with_rstd run-time arguments."""
+
+    family = "quant"
+    op = "norm_forward"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_weight: bool
+    has_residual: bool
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(("bf16", "fp32"), (False, True), (False, True), ASCEND_VEC_CORES)
+        return tuple(cls(*k) for k in keys)
+
+    def params(self):
+        buffers = ("X", "Y", "RSTD", *(("W",) if self.has_weight else ()), *(("R", "RO") if self.has_residual else ()))
+        return ptr(*buffers) + f32("eps", "out_scale") + i32("num_rows", "hidden", "with_rstd")
+
+
 # --- argument checks shared with norm_backward ---
 
 MAX_HIDDEN = 8192
@@ -101,8 +125,8 @@ def check_rows_like(t, name: str, hidden: int, hidden_multiple: int = 1) -> None
         raise ValueError(
             f"{name}.shape[-1] (hidden) must be a multiple of {hidden_multiple} in [1, {MAX_HIDDEN}], got {hidden}"
         )
-    if t.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if t.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {t.device}")
     if t.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
@@ -292,6 +316,12 @@ def norm_forward(
             (rstd if with_rstd else None),
             (x if residual is None else _into(residual_out, norm_input)),
         )
+    if x.device.type == "npu" and out is None and residual_out is None:  # the Ascend kernels where they apply
+        from tilebake.quant import _norm_forward_ascend
+
+        result = _norm_forward_ascend.norm_forward(x, weight, eps, residual, out_scale, with_rstd)
+        if result is not None:
+            return result
     if not x.is_cuda:
         from tilebake.torch.norm import norm_forward_ref
 
@@ -491,6 +521,15 @@ def norm_forward_and_per_token_cast(
             rstd if with_rstd else None,
             x if residual is None else _into(residual_out, norm_input),
         )
+    npu_applies = num_per_channels == 32 and not use_tma_aligned_col_major_sf and mega_moe_sf is None
+    if x.device.type == "npu" and npu_applies and all(t is None for t in (out, out_bf16, residual_out)):
+        from tilebake.quant import _norm_forward_ascend  # the Ascend kernels where they apply
+
+        result = _norm_forward_ascend.norm_forward_and_per_token_cast(
+            x, weight, eps, residual, out_scale, round_sf, use_packed_ue8m0, with_out_bf16, with_rstd
+        )
+        if result is not None:
+            return result
     plan_key = (x.dtype, x.ndim, weight is None, eps_arg, eps_arg.__class__, fmt, num_per_channels, residual is None,
                 out_scale_arg, out_scale_arg.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                 with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,

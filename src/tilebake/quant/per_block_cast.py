@@ -17,7 +17,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
@@ -65,6 +65,37 @@ class PerBlockCastVariant(Variant):
             cls(in_dtype, fmt, bm, bk)
             for in_dtype, fmt, bm, bk in itertools.product(("bf16", "fp32"), _FORMATS, BLOCK_SIZES, BLOCK_SIZES)
         )
+
+
+# The Ascend 950 kernels (kernels_tl/ascend/quant/per_block_cast.py; the original's Ascend
+# constraint: 32 x 32 blocks; packed UE8M0 two bytes to an int16).
+ASCEND_BLOCK = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class PerBlockCastAscendVariant(Variant):
+    family = "quant"
+    op = "per_block_cast"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    fmt: str  # 'e4m3' | 'e2m1'
+    # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (packed two to an int16), or 'precomputed':
+    # S is read (fp32, per_block_cast_with_precomputed_sf), q = x * (1 / sf)
+    sf_mode: str
+    store_data: bool  # False: per_block_cast_with_sf_only (the SF alone; no Y parameter)
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(("bf16", "fp32"), _FORMATS, ("fp32", "round", "ue8m0"), (True, False))
+        given = itertools.product(("bf16", "fp32"), _FORMATS, ("precomputed",), (True,))
+        return tuple(cls(*key, cores) for key in (*keys, *given) for cores in ASCEND_VEC_CORES)
+
+    def params(self):
+        data = ptr("X", "Y", "S") if self.store_data else ptr("X", "S")
+        clamp = () if self.sf_mode == "precomputed" else f32("amax_clamp")
+        return data + clamp + i32("num_tokens", "hidden", "x_stride", "sf_cols")
 
 
 def check_block_size(block_size, name: str = "block_size") -> tuple[int, int]:
@@ -222,6 +253,12 @@ def per_block_cast(
         _check_out_sf(sf, "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x, col)
     if torch.compiler.is_compiling():
         return _compiled_path(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0, data, sf)
+    if x.device.type == "npu" and data is None and sf is None:  # the Ascend kernels where they apply
+        from tilebake.quant import _per_block_cast_ascend
+
+        result = _per_block_cast_ascend.per_block_cast(x, fmt, (bm, bk), col, round_sf, use_packed_ue8m0)
+        if result is not None:
+            return result
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         return fill_out(_reference(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0), data, sf)
     given = data is not None and sf is not None
@@ -265,6 +302,14 @@ def per_block_cast_with_sf_only(
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     if out_sf is not None:
         _check_out_sf(out_sf, "out_sf", num_row_blocks, num_groups, use_packed_ue8m0, x, use_tma_aligned_col_major_sf)
+    if x.device.type == "npu" and out_sf is None:  # the Ascend kernels where they apply
+        from tilebake.quant import _per_block_cast_ascend
+
+        result = _per_block_cast_ascend.per_block_cast(
+            x, fmt, (bm, bk), use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, store_data=False
+        )
+        if result is not None:
+            return result[1]
     if not x.is_cuda:
         sf = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
         return sf if out_sf is None else out_sf.copy_(sf)
@@ -320,6 +365,12 @@ def per_block_cast_with_precomputed_sf(
     shape, dtype = _data_shape(fmt, num_tokens, hidden)
     if out is not None:
         check_out_data(out, "out", shape, dtype, x)
+    if x.device.type == "npu" and out is None:  # the Ascend kernel where it applies
+        from tilebake.quant import _per_block_cast_ascend
+
+        data = _per_block_cast_ascend.with_precomputed_sf(x, fmt, (bm, bk), sf)
+        if data is not None:
+            return data
     if not x.is_cuda:
         from tilebake.torch.cast import cast_with_precomputed_sf
 

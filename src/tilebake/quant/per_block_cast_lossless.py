@@ -19,7 +19,7 @@ import torch
 
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.quant._common import (
     QuantTensor,
     alloc_sf,
@@ -54,6 +54,27 @@ class PerBlockCastLosslessVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("e4m3"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerBlockCastLosslessAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/per_block_cast_lossless.py): the original's
+    Ascend case, (1, 32) e2m1 blocks to (32, 32) e4m3 blocks; SFs fp32 or UE8M0 bytes two to an
+    int16, row-major."""
+
+    family = "quant"
+    op = "per_block_cast_lossless"
+    backend = "ascend"
+    PARAMS = ptr("X", "SIN", "Y", "S") + i32("num_tokens", "x_bytes", "x_stride")  # x_bytes: hidden / 2
+
+    in_sf: str  # 'fp32' | 'ue8m0'
+    sf_mode: str  # 'fp32' | 'ue8m0'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        kinds = ("fp32", "ue8m0")
+        return tuple(cls(i, o, cores) for i in kinds for o in kinds for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(PerBlockCastLosslessVariant)
@@ -165,6 +186,14 @@ def per_block_cast_lossless(
         raise TypeError(f"x[0] must be int8 (packed e2m1 pairs), got {data.dtype}")
     num_tokens, half = check_rows(data, "x[0]", hidden_multiple=16)
     hidden = 2 * half
+    if data.device.type == "npu" and out is None:  # the Ascend kernels where they apply (int16 UE8M0 SFs)
+        from tilebake.quant import _per_block_cast_lossless_ascend as ascend_path
+
+        result = ascend_path.per_block_cast_lossless(
+            data, sf_in, (bm_in, bk_in), (bm, bk), use_tma_aligned_col_major_sf, use_packed_ue8m0, check
+        )
+        if result is not None:
+            return result
     in_packed = sf_in.dtype == torch.int32
     check_out_sf(sf_in, "x[1]", ceil_div(num_tokens, bm_in), ceil_div(hidden, bk_in), in_packed, data)
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)

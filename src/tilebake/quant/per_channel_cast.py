@@ -16,7 +16,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
@@ -53,6 +53,34 @@ class PerChannelCastVariant(Variant):
 _PARAMS = ptr("X", "Y", "S32", "S8") + f32("amax_clamp")
 _PARAMS += i32("round_sf", "packed_sf", "num_tokens", "hidden", "x_stride")
 _QUANTIZED_PARAMS = ptr("SIN") + i32("in_sf_packed", "in_sf_stride_t", "in_sf_stride_g", "num_per_channels")
+
+
+# The Ascend 950 kernels (kernels_tl/ascend/quant/per_channel_cast.py; the original's Ascend
+# constraints: 32-token blocks, a quantized input's SF 32 columns wide; packed UE8M0 two row
+# blocks' bytes to an int16, along the tokens).
+ASCEND_NUM_PER_TOKENS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class PerChannelCastAscendVariant(Variant):
+    family = "quant"
+    op = "per_channel_cast"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32' | 'e4m3' (a QuantTensor with (1, 32) SF)
+    in_sf: str  # a quantized input's SF: 'fp32' | 'ue8m0' (two bytes to an int16); 'none' otherwise
+    sf_mode: str  # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (packed two to an int16)
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = [(d, "none") for d in ("bf16", "fp32")] + [("e4m3", s) for s in ("fp32", "ue8m0")]
+        modes = ("fp32", "round", "ue8m0")
+        return tuple(cls(*key, mode, cores) for key in keys for mode in modes for cores in ASCEND_VEC_CORES)
+
+    def params(self):
+        data = ptr("X", "Y", "S") + (ptr("SIN") if self.in_sf != "none" else ())
+        return data + f32("amax_clamp") + i32("num_tokens", "hidden", "x_stride", "sf_rows")
 
 
 _KERNELS = KernelTable(PerChannelCastVariant)
@@ -137,6 +165,14 @@ def per_channel_cast(
     check_sf_options(round_sf, use_packed_ue8m0)
     in_dtype, data_in, sf_in = _parse_x(x, num_per_channels)
     num_tokens, hidden = check_rows(data_in, "x[0]" if sf_in is not None else "x", hidden_multiple=16)
+    if data_in.device.type == "npu":  # the Ascend kernels where they apply (its own SF layouts: int16 UE8M0)
+        from tilebake.quant import _per_channel_cast_ascend
+
+        result = _per_channel_cast_ascend.per_channel_cast(
+            data_in, sf_in, num_per_tokens, num_per_channels, round_sf, use_packed_ue8m0
+        )
+        if result is not None:
+            return result
     in_sf_packed = False
     if sf_in is not None:
         in_sf_packed = sf_in.dtype == torch.int32

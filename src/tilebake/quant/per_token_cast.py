@@ -19,7 +19,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
@@ -115,6 +115,36 @@ _RNE_PARAMS = _SF_PARAMS + _SHAPE_PARAMS
 _RUNTIME_PARAMS = _SF_PARAMS + i32("store_data", "stochastic") + _SHAPE_PARAMS
 _QUANTIZED_PARAMS = ptr("XS", "XSB", "XSE")
 _QUANTIZED_PARAMS += i32("x_sf_kind", "x_block_m", "x_block_k", "x_sf_stride_t", "x_sf_stride_g")
+
+
+# The Ascend 950 kernels (kernels_tl/ascend/quant/per_token_cast.py; the original's Ascend
+# constraints: e4m3, 32 columns a group, hidden % 128 == 0; packed UE8M0 two bytes to an int16).
+ASCEND_NUM_PER_CHANNELS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTokenCastAscendVariant(Variant):
+    family = "quant"
+    op = "per_token_cast"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (packed two to an int16), or 'precomputed':
+    # S is read (fp32, per_token_cast_with_precomputed_sf), q = x * (1 / sf)
+    sf_mode: str
+    store_data: bool  # False: per_token_cast_with_sf_only (the SF alone; no Y parameter)
+    num_vec_cores: int  # the grid: one block a vector core, each taking every num_vec_cores-th row
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(("bf16", "fp32"), ("fp32", "round", "ue8m0"), (True, False), ASCEND_VEC_CORES)
+        given = itertools.product(("bf16", "fp32"), ("precomputed",), (True,), ASCEND_VEC_CORES)
+        return tuple(cls(*key) for key in (*keys, *given))
+
+    def params(self):
+        data = ptr("X", "Y", "S") if self.store_data else ptr("X", "S")
+        clamp = () if self.sf_mode == "precomputed" else f32("amax_clamp")  # (a given SF needs none)
+        return data + clamp + i32("num_tokens", "hidden", "x_stride", "sf_cols")
 
 
 # validated (dtype, fmt, npc, round_sf, packed) -> hot variant key, or None: the general path
@@ -234,6 +264,14 @@ def per_token_cast(
     if torch.compiler.is_compiling():
         return _compiled_path(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, data, sf)
 
+    if x.device.type == "npu":  # the Ascend kernels where they apply (else the reference below)
+        from tilebake.quant import _per_token_cast_ascend
+
+        result = _per_token_cast_ascend.per_token_cast(
+            x, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, data, sf
+        )
+        if result is not None:
+            return result
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         from tilebake.torch import cast
 
@@ -314,6 +352,14 @@ def per_token_cast_with_sf_only(
     if out_sf is not None:  # the original takes none with use_tma_aligned_col_major_sf; here its layout
         _check_out_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in, use_tma_aligned_col_major_sf)
     clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
+    if data_in.device.type == "npu" and out_sf is None and fmt == "e4m3" and not use_e4m3_sf:
+        from tilebake.quant import _per_token_cast_ascend  # the Ascend kernels where they apply
+
+        result = _per_token_cast_ascend.per_token_cast(
+            data_in, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, None, None, False
+        )
+        if result is not None:
+            return result[1]
     if not data_in.is_cuda:
         from tilebake.torch import cast
 
@@ -386,6 +432,12 @@ def per_token_cast_with_precomputed_sf(
         raise ValueError(f"sf must be row-major (stride(1) == 1), got strides {sf.stride()}")
     if out is not None:
         _check_data_out(out, "out", num_tokens, hidden, fmt, data_in)
+    if data_in.device.type == "npu" and out is None and fmt == "e4m3":  # the Ascend kernel where it applies
+        from tilebake.quant import _per_token_cast_ascend
+
+        data = _per_token_cast_ascend.with_precomputed_sf(data_in, num_per_channels, sf)
+        if data is not None:
+            return data
     if not data_in.is_cuda:
         from tilebake.torch.cast import cast_with_precomputed_sf
 

@@ -16,7 +16,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant._common import (
     FLOAT_FORMATS,
     NUM_PER_CHANNELS,
@@ -40,6 +40,25 @@ class PerTokenCastAndCastBackVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls(*key) for key in itertools.product(("bf16", "fp32"), ("e4m3", "e2m1"), NUM_PER_CHANNELS))
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTokenCastAndCastBackAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/per_token_cast_and_cast_back.py): e4m3,
+    32-column groups, an fp32 or power-of-two scale (the original's Ascend case without e4m3 SF)."""
+
+    family = "quant"
+    op = "per_token_cast_and_cast_back"
+    backend = "ascend"
+    PARAMS = ptr("X") + f32("amax_clamp") + i32("num_tokens", "hidden", "x_stride")
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    round_sf: bool
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(*key) for key in itertools.product(("bf16", "fp32"), (False, True), ASCEND_VEC_CORES))
 
 
 _KEYS: dict[tuple, tuple] = {}  # validated (dtype, fmt, npc, round_sf, use_e4m3_sf) -> variant key
@@ -104,6 +123,11 @@ def per_token_cast_and_cast_back(
     if torch.compiler.is_compiling():
         torch.ops.tilebake.per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf)
         return None
+    if x.device.type == "npu":  # the Ascend kernels where they apply (else the reference below)
+        from tilebake.quant import _cast_back_ascend
+
+        if _cast_back_ascend.fake_quant(x, fmt, num_per_channels, round_sf, use_e4m3_sf, amax_clamp):
+            return None
     if not x.is_cuda:  # the slow path
         from tilebake.torch import per_token_cast_and_cast_back_ref
 
@@ -119,8 +143,7 @@ def per_token_cast_and_cast_back(
     plan_key = (x.dtype, fmt, num_per_channels, round_sf, use_e4m3_sf)
     if plan_key not in _PLANS:
         plan.remember(
-            _PLANS, plan_key,
-            _plan, _KERNELS[key], x.get_device(), x.dtype, amax_clamp, round_sf, use_e4m3_sf
+            _PLANS, plan_key, _plan, _KERNELS[key], x.get_device(), x.dtype, amax_clamp, round_sf, use_e4m3_sf
         )
     return None
 

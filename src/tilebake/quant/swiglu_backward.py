@@ -19,7 +19,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _swiglu_backward_plans as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
@@ -68,6 +68,38 @@ class SwigluBackwardVariant(Variant):
 
     def params(self):
         return _PARAMS + (_CAST_PARAMS if self.in_dtype == "e4m3" else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluBackwardAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/swiglu_backward.py): the original's Ascend
+    case, SF groups of 32 (x's fp32 SF; x_grad's fp32, power-of-two fp32 or UE8M0 two to an
+    int16). The row factors e (0 on padding rows) come computed (torch, as the reference), the
+    weight gradient as each row's fp32 sum of g * act (the host applies s and the padding mask)."""
+
+    family = "quant"
+    op = "swiglu_backward"
+    backend = "ascend"
+
+    in_dtype: str  # x: 'bf16' | 'fp32' | 'e4m3' (with fp32 SF in (1, 32) blocks)
+    grad_dtype: str  # act_x_grad (and act_out): 'bf16' | 'fp32'
+    out_fmt: str  # x_grad: 'bf16' | 'fp32'
+    sf_mode: str  # x_grad's e4m3 copy (e4m3 x only): 'fp32' | 'round' | 'ue8m0'; 'none' otherwise
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        plain = [(d, d, f, "none") for d in ("bf16", "fp32") for f in ("bf16", "fp32")]
+        cast = [("e4m3", g, "bf16", m) for g in ("bf16", "fp32") for m in ("fp32", "round", "ue8m0")]
+        return tuple(cls(*key, cores) for key in plain + cast for cores in ASCEND_VEC_CORES)
+
+    def params(self):
+        cast = self.sf_mode != "none"
+        return (
+            ptr("X", "G", "DX", "E", "ACT", "WS", *(("SIN", "Q", "S") if cast else ()))
+            + i32("num_tokens", "hidden", "has_weights", "has_clamp", "with_act")
+            + f32("clamp_value", *(("amax_clamp",) if cast else ()))
+        )
 
 
 _PARAMS = (
@@ -211,6 +243,11 @@ def swiglu_backward(
             x, act_x_grad, fmt, psum, topk_weights, scale, clamp, bool(do_recompute)
         )
         return _results(x_grad, None, weight_grad, act_out, topk_weights, do_recompute)
+    if x.device.type == "npu":  # the Ascend kernels
+        from tilebake.quant import _swiglu_backward_ascend as npu
+
+        dx, _, wg, act = npu.swiglu_backward(x, None, act_x_grad, fmt, psum, topk_weights, scale, clamp, do_recompute)
+        return _results(dx, None, wg, act, topk_weights, do_recompute)
     if not x.is_cuda:
         dx, wg, act = _reference(x, act_x_grad, psum, topk_weights, scale, clamp)
         return _results(dx.to(FLOAT_DTYPES[fmt]), None, wg, act.to(act_x_grad.dtype), topk_weights, do_recompute)
@@ -304,6 +341,15 @@ def swiglu_backward_and_per_token_cast(
             bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, bool(do_recompute),
         )  # fmt: skip
         return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
+    amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
+    if data.device.type == "npu" and num_per_channels == 32 and not use_tma_aligned_col_major_sf:
+        from tilebake.quant import _swiglu_backward_ascend as npu  # the Ascend kernels (their SF layouts)
+
+        mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+        dx, quantized, wg, act = npu.swiglu_backward(
+            data, x_sf, act_x_grad, "bf16", psum, topk_weights, scale, clamp, do_recompute, mode
+        )
+        return _results(dx, quantized, wg, act, topk_weights, do_recompute)
     amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
     if not data.is_cuda:
         from tilebake.torch import cast

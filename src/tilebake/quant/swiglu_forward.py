@@ -20,7 +20,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _swiglu_forward_plans as _plans
 from tilebake.quant._common import (
     FLOAT_DTYPES,
@@ -71,6 +71,36 @@ _PARAMS = (
     + f32("scale", "clamp_value")
 )
 _CAST_PARAMS = ptr("S") + i32("sf_stride_t", "sf_stride_g") + f32("amax_clamp")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwigluForwardAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/swiglu_forward.py): the original's Ascend
+    case, the cast's SF in (1, 32) groups (fp32, power-of-two fp32 or UE8M0 two to an int16);
+    weights, scale and clamp run-time arguments; no clamp statistics (those calls take the
+    reference)."""
+
+    family = "quant"
+    op = "swiglu_forward"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    out_fmt: str  # 'bf16' | 'fp32' | 'e4m3'
+    sf_mode: str  # e4m3: 'fp32' | 'round' | 'ue8m0'; 'none' otherwise
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        outs = [("bf16", "none"), ("fp32", "none")] + [("e4m3", m) for m in ("fp32", "round", "ue8m0")]
+        return tuple(cls(d, *o, cores) for d in ("bf16", "fp32") for o in outs for cores in ASCEND_VEC_CORES)
+
+    def params(self):
+        cast = self.out_fmt == "e4m3"
+        return (
+            ptr("X", "Y", "W", *(("S",) if cast else ()))
+            + i32("num_tokens", "hidden", "x_stride", "has_weights", "has_clamp")
+            + f32("scale", "clamp_value", *(("amax_clamp",) if cast else ()))
+        )
 
 
 _KERNELS = KernelTable(SwigluForwardVariant)
@@ -252,6 +282,10 @@ def swiglu_forward(
         return torch.ops.tilebake.swiglu_forward(
             x, fmt, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count
         )
+    if x.device.type == "npu" and clamped_count is None:  # the Ascend kernels
+        from tilebake.quant import _swiglu_forward_ascend
+
+        return _swiglu_forward_ascend.swiglu_forward(x, fmt, topk_weights, scale, clamp)[0]
     if not x.is_cuda:
         y = _reference(x, psum_num_tokens_per_expert, topk_weights, scale, clamp, clamped_count)
         return y.to(FLOAT_DTYPES[fmt])
@@ -323,6 +357,11 @@ def swiglu_forward_and_per_token_cast(
             bool(use_tma_aligned_col_major_sf), bool(round_sf), bool(use_packed_ue8m0), clamp, clamped_count,
         )  # fmt: skip
     amax_clamp = config.get_amax_clamp_for_quant("e4m3", False)
+    if x.device.type == "npu" and clamped_count is None and num_per_channels == 32 and not use_tma_aligned_col_major_sf:
+        from tilebake.quant import _swiglu_forward_ascend  # the Ascend kernels (their (1, 32) SF layouts)
+
+        sf_mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+        return _swiglu_forward_ascend.swiglu_forward(x, "e4m3", topk_weights, scale, clamp, sf_mode)
     if not x.is_cuda:
         from tilebake.torch import cast
 
