@@ -14,7 +14,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_fp32_rows
 
 
@@ -29,6 +29,24 @@ class NormalizeWeightVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("fp32"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizeWeightAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/moe/normalize_weight.py): a SIMT thread per token,
+    the reference's summation order (the same bytes)."""
+
+    family = "moe"
+    op = "normalize_weight"
+    backend = "ascend"
+    PARAMS = ptr("W", "D", "N") + i32("num_tokens", "num_topk", "w_stride")
+
+    dtype: str  # 'fp32'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls("fp32", cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(NormalizeWeightVariant)
@@ -63,6 +81,10 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def _normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if topk_weights.device.type == "npu":  # the Ascend kernel
+        from tilebake.moe._normalize_weight_ascend import normalize_weight_npu
+
+        return normalize_weight_npu(topk_weights)
     if not topk_weights.is_cuda:
         from tilebake.torch.moe import normalize_weight as reference
 

@@ -14,7 +14,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 
 MAX_TOPK = 32
 # Experts a row may have, by variant. Up to 1024 (the fast variants) a token's warp holds the row,
@@ -37,11 +37,29 @@ class TopkGateVariant(Variant):
         return tuple(cls(m) for m in MAX_EXPERTS)
 
 
+@dataclasses.dataclass(frozen=True)
+class TopkGateAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/moe/topk_gate.py): any expert count up to
+    max(MAX_EXPERTS), a row with a non-finite score gives -1s (as the CUDA kernels)."""
+
+    family = "moe"
+    op = "topk_gate"
+    backend = "ascend"
+    PARAMS = ptr("S", "Out") + i32("num_tokens", "num_experts", "num_topk", "scores_stride")
+
+    max_experts: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(MAX_EXPERTS[-1], cores) for cores in ASCEND_VEC_CORES)
+
+
 _KERNELS = KernelTable(TopkGateVariant)
 
 
 def check_fp32_rows(t, name: str, columns: str, max_columns: int) -> tuple[int, int]:
-    """fp32 (num_tokens, <columns>) on a CUDA device or the CPU, last dim contiguous, with
+    """fp32 (num_tokens, <columns>) on a CUDA device, an NPU or the CPU, last dim contiguous, with
     1 <= shape[1] <= max_columns."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -52,15 +70,15 @@ def check_fp32_rows(t, name: str, columns: str, max_columns: int) -> tuple[int, 
     num_tokens, num_columns = t.shape
     if not 1 <= num_columns <= max_columns:
         raise ValueError(f"{name}.shape[1] ({columns}) must be in [1, {max_columns}], got {num_columns}")
-    if t.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if t.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {t.device}")
     if num_columns > 1 and t.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     return num_tokens, num_columns
 
 
 def check_scores(scores, name: str = "scores") -> tuple[int, int]:
-    """fp32 (T, E) on a CUDA device or the CPU, last dim contiguous; 1 <= E <= max(MAX_EXPERTS)."""
+    """fp32 (T, E) on a CUDA device, an NPU or the CPU, last dim contiguous; 1 <= E <= max(MAX_EXPERTS)."""
     return check_fp32_rows(scores, name, "num_experts", MAX_EXPERTS[-1])
 
 
@@ -86,8 +104,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     kernel is bound by those rounds, not by the bytes: on an H200 at 4096 tokens and k = 8 it
     took 113 us at 1025 experts and 120 us at 8192, where 1024 experts (the fast kernel) took 23.
 
-    Non-finite scores: on a GPU, a row holding a NaN or an infinity gets -1 in every output
-    column (no device assert, no host sync; the other rows are unaffected). On the CPU (the
+    Non-finite scores: on a GPU (and an NPU), a row holding a NaN or an infinity gets -1 in every
+    output column (no device assert, no host sync; the other rows are unaffected). On the CPU (the
     reference path, tilebake.torch.stable_topk) such input raises ValueError.
     """
     # The native path: a call whose key has been seen runs as one plan (moe/_plans_gate.py);
@@ -112,6 +130,10 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
 
 def _topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    if scores.device.type == "npu":  # the Ascend kernel
+        from tilebake.moe._topk_gate_ascend import topk_gate_npu
+
+        return topk_gate_npu(scores, num_topk)
     if not scores.is_cuda:
         from tilebake.torch import stable_topk
 
