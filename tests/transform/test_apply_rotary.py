@@ -121,7 +121,7 @@ def test_rejects_device_mismatch():
         apply_rotary(q, cs, key=torch.empty(4, 1, 64, device="meta"))
     with pytest.raises(ValueError, match="positions must be on cpu \\(as query\\), got meta"):
         apply_rotary(q, cs, positions=torch.empty(4, dtype=torch.int64, device="meta"))
-    with pytest.raises(ValueError, match="query must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="query must be on a CUDA device, an NPU or the CPU, got meta"):
         apply_rotary(q.to("meta"), cs.to("meta"))
 
 

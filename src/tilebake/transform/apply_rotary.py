@@ -17,7 +17,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, i64, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, i64, ptr
 from tilebake.utils import FLOAT_FORMATS
 
 ROT_DIMS = (64, 128)
@@ -47,6 +47,27 @@ class ApplyRotaryVariant(Variant):
         return tuple(cls(*k) for k in itertools.product(FLOAT_FORMATS.values(), ROT_DIMS))
 
 
+@dataclasses.dataclass(frozen=True)
+class ApplyRotaryAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/transform/apply_rotary.py): contiguous query and
+    key of at most MAX_ASCEND_ROW elements a token; the tokens' cache rows gathered by torch."""
+
+    family = "transform"
+    op = "apply_rotary"
+    backend = "ascend"
+    PARAMS = ptr("Q", "K", "G", "F") + i32("num_tokens", "q_heads", "k_heads", "interleaved", "conjugate")
+
+    dtype: str  # 'bf16' | 'fp32'
+    rot_dim: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(FLOAT_FORMATS.values(), ROT_DIMS, ASCEND_VEC_CORES)
+        return tuple(cls(*k) for k in keys)
+
+
+MAX_ASCEND_ROW = 16384  # heads x rot_dim of one token the Ascend kernel holds (64 KiB of fp32)
 _KERNELS = KernelTable(ApplyRotaryVariant)
 POS_NONE, POS_INT32, POS_INT64 = 0, 1, 2  # the kernel's pos_kind
 
@@ -65,8 +86,8 @@ def _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_
         raise TypeError(f"query must be torch.bfloat16 or torch.float32, got {query.dtype}")
     if query.dim() not in (3, 4):
         raise ValueError(f"query must be [T, H, rot_dim] or [B, S, H, rot_dim], got shape {tuple(query.shape)}")
-    if query.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"query must be on a CUDA device or the CPU, got {query.device}")
+    if query.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"query must be on a CUDA device, an NPU or the CPU, got {query.device}")
     rot = query.shape[-1]
     if rot not in ROT_DIMS:
         raise ValueError(
@@ -168,6 +189,11 @@ def apply_rotary(
     if torch.compiler.is_compiling():
         torch.ops.tilebake.apply_rotary(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
         return None
+    if query.device.type == "npu":  # the Ascend kernels where they apply
+        from tilebake.transform._apply_rotary_ascend import apply_rotary_npu
+
+        if apply_rotary_npu(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset):
+            return None
     if not query.is_cuda or not _launch(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset):
         _torch_path(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_offset)
     elif plan_key[-1] is int and seqlen_offset == 0 and query.numel() and plan_key not in _PLANS:
