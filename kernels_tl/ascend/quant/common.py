@@ -34,3 +34,18 @@ def e4m3_scales(c, round_sf: bool):
 def e4m3_code(x, inv):
     """e4m3(clamp(fp32(x) * inv, -448, 448)), rounded to nearest even."""
     return T.cast(T.clamp(T.cast(x, "float32") * inv, -FMT_MAX, FMT_MAX), "float8_e4m3fn")
+
+
+@T.macro
+def cast_group(vals, qs, ss, g, amax, amax_clamp, sf_mode: str):
+    """Group g's SF (ss[g]: fp32, power-of-two fp32 for 'round', the UE8M0 byte for 'ue8m0') and
+    e4m3 codes (qs) of its NPC fp32 values in vals, whose max |value| is amax: per_token_cast's
+    arithmetic, for kernels that compute the values first."""
+    c = T.max(amax, amax_clamp)
+    sf, inv = e4m3_scales(c, sf_mode != "fp32")
+    if sf_mode == "ue8m0":
+        ss[g] = T.cast(pow2_scale_exponent(c, FMT_MAX) + 127, "uint8")
+    else:
+        ss[g] = sf
+    for j in T.serial(NPC):
+        qs[g * NPC + j] = e4m3_code(vals[g * NPC + j], inv)

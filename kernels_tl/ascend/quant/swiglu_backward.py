@@ -20,11 +20,10 @@ multiply-add, called by name), are unverified.
 
 import tilelang.ascend.language as T
 
-from kernels_tl.ascend.quant.common import FMT_MAX, e4m3_code, e4m3_scales
-from kernels_tl.quant.common import TL_DTYPES, pow2_scale_exponent
+from kernels_tl.ascend.quant.common import NPC, cast_group  # NPC: the (1, 32) group
+from kernels_tl.quant.common import TL_DTYPES
 from tilebake.quant.swiglu_backward import SwigluBackwardAscendVariant
 
-NPC = 32  # SF groups of x and of x_grad's e4m3 copy
 CHUNK = 1024  # columns of each half a step: 32 groups, one SIMT thread each
 GROUPS = CHUNK // NPC
 
@@ -39,18 +38,6 @@ def build(v: SwigluBackwardAscendVariant):
     out_dtype = TL_DTYPES[v.out_fmt]
     sf_dtype = "uint8" if v.sf_mode == "ue8m0" else "float32"
     CORES = v.num_vec_cores
-
-    @T.macro
-    def scale_and_store(vals, qs, ss, g, amax, amax_clamp):
-        """Group g's SF and e4m3 codes from its fp32 values (per_token_cast's arithmetic)."""
-        c = T.max(amax, amax_clamp)
-        sf, inv = e4m3_scales(c, v.sf_mode != "fp32")
-        if v.sf_mode == "ue8m0":
-            ss[g] = T.cast(pow2_scale_exponent(c, FMT_MAX) + 127, "uint8")
-        else:
-            ss[g] = sf
-        for j in T.serial(NPC):
-            qs[g * NPC + j] = e4m3_code(vals[g * NPC + j], inv)
 
     @T.prim_func
     def swiglu_backward_kernel(
@@ -147,8 +134,8 @@ def build(v: SwigluBackwardAscendVariant):
                             wsum = wsum + gv * act
                         part[g] = wsum
                         if cast:
-                            scale_and_store(vl, ql, ssl, g, amax_l, amax_clamp)
-                            scale_and_store(vr, qr, ssr, g, amax_r, amax_clamp)
+                            cast_group(vl, ql, ssl, g, amax_l, amax_clamp, v.sf_mode)
+                            cast_group(vr, qr, ssr, g, amax_r, amax_clamp, v.sf_mode)
                     with T.SimtVF(threads=1):
                         for k in T.serial(GROUPS):
                             row[1] = row[1] + part[k]

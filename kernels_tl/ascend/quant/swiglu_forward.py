@@ -16,11 +16,10 @@ of the vector cores' expf and division against CUDA's is unverified.
 
 import tilelang.ascend.language as T
 
-from kernels_tl.ascend.quant.common import FMT_MAX, e4m3_code, e4m3_scales
-from kernels_tl.quant.common import TL_DTYPES, pow2_scale_exponent
+from kernels_tl.ascend.quant.common import NPC, cast_group  # NPC: the (1, 32) group
+from kernels_tl.quant.common import TL_DTYPES
 from tilebake.quant.swiglu_forward import SwigluForwardAscendVariant
 
-NPC = 32  # the cast's group
 CHUNK = 1024  # output columns a step: 32 groups, one SIMT thread each
 GROUPS = CHUNK // NPC
 
@@ -88,14 +87,7 @@ def build(v: SwigluForwardAscendVariant):
                             else:
                                 ys[g * NPC + j] = T.cast(act, out_dtype)
                         if cast:
-                            c = T.max(amax, amax_clamp)
-                            sf, inv = e4m3_scales(c, v.sf_mode != "fp32")
-                            if v.sf_mode == "ue8m0":
-                                ss[g] = T.cast(pow2_scale_exponent(c, FMT_MAX) + 127, "uint8")
-                            else:
-                                ss[g] = sf
-                            for j in T.serial(NPC):
-                                ys[g * NPC + j] = e4m3_code(vals[g * NPC + j], inv)
+                            cast_group(vals, ys, ss, g, amax, amax_clamp, v.sf_mode)
                     T.copy(ys, Y[row, c0 : c0 + CHUNK])
                     if cast:
                         T.copy(ss, S[row, step * GROUPS : step * GROUPS + GROUPS])

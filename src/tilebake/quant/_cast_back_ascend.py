@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from tilebake._runtime import ascend
-from tilebake.quant._common import FLOAT_DTYPES
+from tilebake.quant._common import ASCEND_SF_KINDS, FLOAT_DTYPES
 from tilebake.quant.cast_back import CastBackAscendVariant
 from tilebake.quant.per_token_cast import ASCEND_NUM_PER_CHANNELS
 from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackAscendVariant
@@ -19,12 +19,11 @@ from tilebake.quant.per_token_cast_and_cast_back import PerTokenCastAndCastBackA
 _KERNELS = ascend.AscendKernelTable(CastBackAscendVariant)
 _ROUND_TRIP = ascend.AscendKernelTable(PerTokenCastAndCastBackAscendVariant)
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
-_SF_KINDS = {torch.float32: ("fp32", 1), torch.int16: ("ue8m0", 2)}  # (kind, groups an SF element)
 
 
 def cast_back(data, sf, fmt, block_m, block_k):
     num_tokens, hidden = data.shape
-    kind = _SF_KINDS.get(getattr(sf, "dtype", None))
+    kind = ASCEND_SF_KINDS.get(getattr(sf, "dtype", None))
     if (
         data.dtype != torch.float8_e4m3fn
         or (block_m, block_k) != (1, ASCEND_NUM_PER_CHANNELS)

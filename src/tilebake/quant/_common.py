@@ -225,3 +225,16 @@ def check_packed_rows(x: torch.Tensor, name: str) -> tuple[int, int]:
             f"{name}'s row stride must be a multiple of 8 bytes, got {x.stride(0)} elements of {x.element_size()} bytes"
         )
     return num_tokens, cols
+
+
+# The Ascend kernels' SF dtypes: fp32, or UE8M0 bytes packed two to an int16 (the original's
+# Ascend packing), as (kind, groups an element).
+ASCEND_SF_KINDS = {torch.float32: ("fp32", 1), torch.int16: ("ue8m0", 2)}
+
+
+def alloc_ascend_sf(like: torch.Tensor, rows: int, groups: int, packed: bool) -> torch.Tensor:
+    """An Ascend kernel's row-major SF of `groups` per row (an even count when packed): UE8M0
+    bytes two to an int16 (rows, groups / 2), or fp32 (rows, groups)."""
+    if packed:
+        return like.new_empty((rows, groups // 2), dtype=torch.int16)
+    return like.new_empty((rows, groups), dtype=torch.float32)

@@ -12,6 +12,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
+from tilebake.quant._common import alloc_ascend_sf
 from tilebake.quant.per_block_cast import ASCEND_BLOCK, PerBlockCastAscendVariant
 from tilebake.utils import ceil_div
 
@@ -43,12 +44,8 @@ def per_block_cast(x, fmt, block, col_major_sf, round_sf, use_packed_ue8m0, stor
     num_tokens, hidden = x.shape
     row_blocks, blocks = ceil_div(num_tokens, ASCEND_BLOCK), hidden // ASCEND_BLOCK
     data = _data(x, fmt) if store_data else None
-    if use_packed_ue8m0:  # two UE8M0 bytes to an int16 (the original's Ascend packing)
-        sf = x.new_empty((row_blocks, blocks // 2), dtype=torch.int16)
-        mode = "ue8m0"
-    else:
-        sf = x.new_empty((row_blocks, blocks), dtype=torch.float32)
-        mode = "round" if round_sf else "fp32"
+    sf = alloc_ascend_sf(x, row_blocks, blocks, use_packed_ue8m0)
+    mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
     if num_tokens:
         index = ascend.device_index(x)
         kernel = _KERNELS[_IN_DTYPES[x.dtype], fmt, mode, store_data, ascend.vector_cores(index)]

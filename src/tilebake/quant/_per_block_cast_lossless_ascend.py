@@ -11,17 +11,17 @@ from __future__ import annotations
 import torch
 
 from tilebake._runtime import ascend
+from tilebake.quant._common import ASCEND_SF_KINDS, alloc_ascend_sf
 from tilebake.quant.per_block_cast_lossless import PerBlockCastLosslessAscendVariant
 from tilebake.utils import ceil_div
 
 _KERNELS = ascend.AscendKernelTable(PerBlockCastLosslessAscendVariant)
-_SF_KINDS = {torch.float32: ("fp32", 1), torch.int16: ("ue8m0", 2)}  # (kind, groups an SF element)
 _GROUP = 32
 
 
 def per_block_cast_lossless(data, sf_in, x_block, out_block, col_major_sf, use_packed_ue8m0, check):
     num_tokens, hidden = data.shape[0], 2 * data.shape[1]
-    kind = _SF_KINDS.get(sf_in.dtype)
+    kind = ASCEND_SF_KINDS.get(sf_in.dtype)
     if (
         tuple(x_block) != (1, _GROUP)
         or tuple(out_block) != (_GROUP, _GROUP)
@@ -36,10 +36,7 @@ def per_block_cast_lossless(data, sf_in, x_block, out_block, col_major_sf, use_p
         return None
     y = data.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
     row_blocks, blocks = ceil_div(num_tokens, _GROUP), hidden // _GROUP
-    if use_packed_ue8m0:
-        sf = data.new_empty((row_blocks, blocks // 2), dtype=torch.int16)
-    else:
-        sf = data.new_empty((row_blocks, blocks), dtype=torch.float32)
+    sf = alloc_ascend_sf(data, row_blocks, blocks, use_packed_ue8m0)
     if num_tokens:
         index = ascend.device_index(data)
         kernel = _KERNELS[kind[0], "ue8m0" if use_packed_ue8m0 else "fp32", ascend.vector_cores(index)]

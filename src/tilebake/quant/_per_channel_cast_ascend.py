@@ -13,12 +13,12 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
+from tilebake.quant._common import ASCEND_SF_KINDS
 from tilebake.quant.per_channel_cast import ASCEND_NUM_PER_TOKENS, PerChannelCastAscendVariant
 from tilebake.utils import ceil_div
 
 _KERNELS = ascend.AscendKernelTable(PerChannelCastAscendVariant)
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float8_e4m3fn: "e4m3"}
-_IN_SF = {torch.float32: ("fp32", 1), torch.int16: ("ue8m0", 2)}  # (kind, groups an SF element)
 _IN_GROUP = 32
 
 
@@ -26,7 +26,7 @@ def _input_sf_kind(data, sf, num_per_channels):
     """The kernel's in_sf for x = data (plain: sf None) or (data, sf); None where it does not apply."""
     if sf is None:
         return "none"
-    kind = _IN_SF.get(sf.dtype)
+    kind = ASCEND_SF_KINDS.get(sf.dtype)
     if num_per_channels != _IN_GROUP or kind is None or sf.device != data.device or not sf.is_contiguous():
         return None
     if tuple(sf.shape) != (data.shape[0], data.shape[1] // _IN_GROUP // kind[1]):

@@ -11,6 +11,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
+from tilebake.quant._common import alloc_ascend_sf
 from tilebake.quant.per_token_cast import ASCEND_NUM_PER_CHANNELS, PerTokenCastAscendVariant
 
 _KERNELS = ascend.AscendKernelTable(PerTokenCastAscendVariant)
@@ -33,12 +34,8 @@ def per_token_cast(x, num_per_channels, round_sf, use_packed_ue8m0, col_major_sf
         return None
     groups = hidden // num_per_channels
     data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn) if store_data else None
-    if use_packed_ue8m0:  # two UE8M0 bytes to an int16 (the original's Ascend packing)
-        sf = x.new_empty((num_tokens, groups // 2), dtype=torch.int16)
-        mode = "ue8m0"
-    else:
-        sf = x.new_empty((num_tokens, groups), dtype=torch.float32)
-        mode = "round" if round_sf else "fp32"
+    sf = alloc_ascend_sf(x, num_tokens, groups, use_packed_ue8m0)
+    mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
     if num_tokens:
         index = ascend.device_index(x)
         kernel = _KERNELS[_IN_DTYPES[x.dtype], mode, store_data, ascend.vector_cores(index)]

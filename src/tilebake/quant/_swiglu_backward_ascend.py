@@ -15,7 +15,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
-from tilebake.quant._common import FLOAT_DTYPES
+from tilebake.quant._common import FLOAT_DTYPES, alloc_ascend_sf
 from tilebake.quant.swiglu_backward import SwigluBackwardAscendVariant
 from tilebake.torch.swiglu import _valid_rows
 
@@ -33,9 +33,7 @@ def swiglu_backward(x, x_sf, g, fmt, psum, topk_weights, scale, clamp, do_recomp
     act = g.new_empty((num_tokens, hidden)) if do_recompute else None
     quantized = None
     if cast:
-        groups = 2 * hidden // _GROUP
-        sf = g.new_empty((num_tokens, groups // 2), dtype=torch.int16) if sf_mode == "ue8m0" else None
-        sf = g.new_empty((num_tokens, groups), dtype=torch.float32) if sf is None else sf
+        sf = alloc_ascend_sf(g, num_tokens, 2 * hidden // _GROUP, sf_mode == "ue8m0")
         quantized = (g.new_empty((num_tokens, 2 * hidden), dtype=torch.float8_e4m3fn), sf)
     e = row_sums = valid = None
     if topk_weights is not None:  # tilebake.torch.swiglu's e = w * s (s rounded to fp32), 0 on padding rows

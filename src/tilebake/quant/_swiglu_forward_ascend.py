@@ -13,7 +13,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
-from tilebake.quant._common import FLOAT_DTYPES
+from tilebake.quant._common import FLOAT_DTYPES, alloc_ascend_sf
 from tilebake.quant.swiglu_forward import SwigluForwardAscendVariant
 
 _KERNELS = ascend.AscendKernelTable(SwigluForwardAscendVariant)
@@ -28,9 +28,7 @@ def swiglu_forward(x, fmt, topk_weights, scale, clamp, sf_mode="none"):
     y = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn if cast else FLOAT_DTYPES[fmt])
     sf = None
     if cast:  # hidden % 64 == 0 (checked): whole groups, an even count of them
-        groups = hidden // _GROUP
-        sf = x.new_empty((num_tokens, groups // 2), dtype=torch.int16) if sf_mode == "ue8m0" else None
-        sf = x.new_empty((num_tokens, groups), dtype=torch.float32) if sf is None else sf
+        sf = alloc_ascend_sf(x, num_tokens, hidden // _GROUP, sf_mode == "ue8m0")
     if num_tokens:
         index = ascend.device_index(x)
         kernel = _KERNELS[_IN_DTYPES[x.dtype], fmt, sf_mode, ascend.vector_cores(index)]
