@@ -305,13 +305,15 @@ def main():
         # work outlasts its kernel (the small ops: fused_weight's 2 us kernel measured 16-22 us so).
         ours = harness.time_graph(fn, inputs)
         eager = harness.time_gpu(fn, inputs)["median_us"]
+        kernels = harness.kernel_us(fn, inputs)
         host = harness.host_us_per_call(fn, make(1))
         original_us, original_host = ORIGINAL[name]
         rows.append({"case": name, "original_us": original_us, "tilebake_us": ours, "tilebake_eager_us": eager,
-                     "speed_vs_original": original_us / ours, "original_host_us": original_host,
+                     "tilebake_kernel_us": kernels, "speed_vs_original": original_us / ours,
+                     "kernel_speed_vs_original": original_us / kernels, "original_host_us": original_host,
                      "tilebake_host_us": host})  # fmt: skip
-        print(f"{name:50s} original {original_us:7.1f} us  tilebake {ours:7.1f} us (eager {eager:7.1f})  {original_us / ours:5.2f}x  "
-              f"host {host:5.1f} us", flush=True)  # fmt: skip
+        print(f"{name:50s} original {original_us:7.1f} us  tilebake {ours:7.1f} us (eager {eager:7.1f}, kernels "
+              f"{kernels:7.1f})  {original_us / ours:5.2f}x  host {host:5.1f} us", flush=True)  # fmt: skip
         del inputs, one
         torch.cuda.empty_cache()
     out = harness.results_dir()
@@ -324,17 +326,21 @@ def main():
         f"Command: `python {' '.join(sys.argv)}`. Same run: device copy {copy_gbs:.0f} GB/s, "
         f"`torch.mul(x, 2, out=y)` host time {mul_us:.2f} us. T = {T}, H = {H} unless named; GPU time: median of "
         "CUDA-graph replays of one call per rotated buffer (eager: median of CUDA-event-timed single calls, which "
-        "include host gaps for the small ops); host time: one call at T = 1. The original's figures: its "
-        "own harness on the H200, 2026-12-01 (../shared/anchors/tilekernels-2.1.0_h200.md).",
+        "include host gaps for the small ops; kernels: the sum of a call's kernel durations from CUPTI, the "
+        "original harness's measure, tilelang's do_bench(backend='cupti'), which leaves out the gap between "
+        "two launches); host time: one call at T = 1. The original's figures: its own harness on the H200, "
+        "2026-12-01 (../shared/anchors/tilekernels-2.1.0_h200.md). A case is SLOWER when its graph time is.",
         "",
-        "| case | original us | tilebake us | speed vs original | tilebake eager us | original host us | tilebake host us |",
-        "|---|---|---|---|---|---|---|",
+        "| case | original us | tilebake us | speed vs original | tilebake eager us | tilebake kernels us "
+        "| kernels vs original | original host us | tilebake host us |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mark = "" if r["speed_vs_original"] >= 1.0 else " SLOWER"
         lines.append(f"| {r['case']} | {r['original_us']:.1f} | {r['tilebake_us']:.1f} | "
-                     f"{r['speed_vs_original']:.2f}x{mark} | {r['tilebake_eager_us']:.1f} | {_us(r['original_host_us'])} | "
-                     f"{r['tilebake_host_us']:.1f} |")  # fmt: skip
+                     f"{r['speed_vs_original']:.2f}x{mark} | {r['tilebake_eager_us']:.1f} | "
+                     f"{r['tilebake_kernel_us']:.1f} | {r['kernel_speed_vs_original']:.2f}x | "
+                     f"{_us(r['original_host_us'])} | {r['tilebake_host_us']:.1f} |")  # fmt: skip
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     slower = [r["case"] for r in rows if r["speed_vs_original"] < 1.0]

@@ -78,6 +78,21 @@ def time_graph(fn, inputs: list, reps: int = 50) -> float:
     return statistics.median(times)
 
 
+def kernel_us(fn, inputs: list, calls: int = 50) -> float:
+    """GPU time per call as the sum of its kernels' own durations (CUPTI activity records through
+    torch.profiler), no gaps between them: the original's harness's measure (tilelang's do_bench
+    with backend='cupti', ../shared/spec/testing.md 4.3). Mean over `calls` calls on rotated inputs."""
+    for args in inputs[:3]:
+        fn(*args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+        torch.cuda.synchronize()
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time for e in device) / calls
+
+
 def host_us_per_call(fn, args, calls: int = 200, rounds: int = 15) -> float:
     """CPU time per call (us) of a tight loop of calls, best of `rounds`: each round starts on an
     idle GPU and stops the clock when the last call returns, before synchronising. 200 calls (of

@@ -88,17 +88,24 @@ def test_post_bwd_plan_takes_its_kernels_rows(wide):
 
 @pytest.mark.parametrize("given", [False, True])
 def test_pre_apply_mix_plans(given):
-    fwd, bwd = (ManifestKernel(pre.MhcPreApplyMixVariant(d)) for d in ("fwd", "bwd"))
+    fwd = ManifestKernel(pre.MhcPreApplyMixVariant("fwd"))
+    bwd = built(pre.MhcPreApplyMixVariant(*pre.backward_key(M, H)))
     x, mix, og = bf16(*LEAD, M, H), torch.rand(*LEAD, M, 1), bf16(*LEAD, H)
     o = torch.empty(*LEAD, H).bfloat16() if given else None
     result, launches = trace(_plans.pre_apply_mix_fwd(fwd, 0, 2, False, given), x, mix, o)
     assert (result is o) if given else (result.shape, result.dtype) == ((*LEAD, H), torch.bfloat16)
     assert one_launch(fwd, launches)["O"] == result.data_ptr()
     xg = bf16(*LEAD, M, H) if given else None
-    mix_grad, launches = trace(_plans.pre_apply_mix_bwd(bwd, 0, 2, False, given), og, x, mix, xg)
+    bwd_plan = _plans.pre_apply_mix_bwd(bwd, 0, 2, False, given, H)
+    mix_grad, launches = trace(bwd_plan, og, x, mix, xg)
     assert (mix_grad.shape, mix_grad.dtype) == (mix.shape, torch.float32)
     got = one_launch(bwd, launches)
     assert got["has_x_grad"] == int(given) and got["XG"] == (xg.data_ptr() if given else 0)
+    # another hidden size or more streams than the variant's registers hold: another variant's call
+    x2, og2 = bf16(*LEAD, M, H + 8), bf16(*LEAD, H + 8)
+    assert trace(bwd_plan, og2, x2, mix, bf16(*LEAD, M, H + 8) if given else None)[0] is NotImplemented
+    x5, mix5 = bf16(*LEAD, 5, H), torch.rand(*LEAD, 5, 1)
+    assert trace(bwd_plan, og, x5, mix5, bf16(*LEAD, 5, H) if given else None)[0] is NotImplemented
     assert trace(_plans.pre_apply_mix_fwd(fwd, 0, 2, True, given), x, mix, o)[0] is NotImplemented  # mix (..., M, 1)
 
 

@@ -5,30 +5,51 @@ Forward: a thread an 8-column vector of FWD_TOKENS tokens (grid: token groups x 
 their loads issued first; o = mix[0] x[0],
 then + mix[i] x[i] for i in order (fp32, each product and sum rounded on its own), rounded to
 bf16 once: tilebake.torch.mhc.mhc_pre_apply_mix_ref's arithmetic.
-Backward: a CTA a token, its threads over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
+Backward: a CTA a token, its threads (the variant's) over the columns: x_grad[i] = bf16(x_grad[i] + mix[i] o_grad)
 (has_x_grad), and each thread sums o_grad . x[i] over its columns; a butterfly in each warp and
 the warps' sums in warp order give mix_grad[i] (a fixed order: two runs give the same bits).
 """
 
+import dataclasses
+
 import tilelang.language as T
 
-from tilebake.mhc._common import MAX_MHC_MULT as MAX_M
-from tilebake.mhc._common import VEC
+from tilebake.mhc._common import MAX_MHC_MULT, VEC
 from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixVariant
 
-THREADS = 128
-WARPS = THREADS // 32
-# The forward's tokens a CTA (H200 session 12, 8192 x 4 x 7168: 2 tokens 141.5 us against 149.4-150.5
-# for one, a CTA's work too small for the block scheduler to keep DRAM busy)
-FWD_TOKENS = 2
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
-def build(v: MhcPreApplyMixVariant):
-    return _forward() if v.direction == "fwd" else _backward()
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int = 128  # a CTA's (forward: over a column block; backward: over a token's columns)
+    # The forward's tokens a thread, all their loads in flight at once (H200 session 12, 8192 x 4 x
+    # 7168: 2 tokens 141.5 us against 149.4-150.5 for one, a CTA's work too small for the block
+    # scheduler to keep DRAM busy)
+    # (session 18: threads 64 to 896 with 1, 2 or 4 tokens all took 140.9-146.6 us)
+    tokens: int = 2
+    max_m: int = MAX_MHC_MULT  # the streams the register arrays hold
 
 
-def _forward():
+DEFAULT_CONFIG = LaunchConfig()
+
+
+def candidate_configs():
+    """The search space bench/tune.py times on a GPU (the backward: those of one token a thread)."""
+    return ([LaunchConfig(128, 2, 8), LaunchConfig(128, 1, 8), LaunchConfig(448, 1, 4), LaunchConfig(896, 1, 4),
+             LaunchConfig(1024, 1, 4)]
+            + [LaunchConfig(t, k, 4) for t in (64, 128, 224, 256) for k in (1, 2, 4)])  # fmt: skip
+
+
+def build(v: MhcPreApplyMixVariant, cfg: LaunchConfig = None):
+    """The variant's kernel (its threads and register streams), or bench/tune.py's candidate cfg."""
+    cfg = cfg or dataclasses.replace(DEFAULT_CONFIG, threads=v.threads, max_m=v.max_mult)
+    if v.direction == "fwd":
+        return _forward(cfg.threads, cfg.tokens, cfg.max_m)
+    return _backward(cfg.threads, cfg.max_m)
+
+
+def _forward(THREADS, FWD_TOKENS, MAX_M):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")
@@ -77,7 +98,8 @@ def _forward():
     return mhc_pre_apply_mix_fwd_kernel
 
 
-def _backward():
+def _backward(THREADS, MAX_M):
+    WARPS = THREADS // 32
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")

@@ -48,6 +48,26 @@ def test_backward(device, lead, mhc_mult, hidden):
     assert_bytes_equal(alone.cpu(), mix_grad.cpu(), "mix_grad without x_grad (and a second run)")
 
 
+def test_backward_variant_by_streams_and_hidden():
+    """A thread a vector of the token's for m <= 4, in multiples of 128 threads up to 1024; 8-stream
+    registers and 128 threads beyond 4 streams."""
+    key = tilebake.mhc.mhc_pre_apply_mix.backward_key
+    assert [key(4, h)[1] for h in (8, 1024, 1032, 2048, 7168, 8192, 8200, 16384)] == [128, 128, 256, 256, 896, 1024,
+                                                                                      1024, 1024]  # fmt: skip
+    assert key(1, 7168) == ("bwd", 896, 4) and key(5, 7168) == key(8, 8) == ("bwd", 128, 8)
+    variants = tilebake.mhc.mhc_pre_apply_mix.MhcPreApplyMixVariant.all()
+    assert {key(m, h) for m in range(1, 9) for h in range(8, 16385, 8)} == {
+        (v.direction, v.threads, v.max_mult) for v in variants if v.direction == "bwd"
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden", [1024 * k - 8 for k in range(1, 9)] + [9000], ids=lambda h: f"h{h}")
+@pytest.mark.parametrize("mhc_mult", [1, 4])
+def test_backward_every_thread_count(mhc_mult, hidden):
+    test_backward("cuda", (33,), mhc_mult, hidden)
+
+
 BAD = [
     (lambda x, mix: (x.float(), mix), TypeError, "x must be bfloat16"),
     (lambda x, mix: (x, mix.bfloat16()), TypeError, "mix must be float32"),

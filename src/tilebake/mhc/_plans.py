@@ -113,13 +113,18 @@ def pre_apply_mix_fwd(kernel, device, num_lead, flat_mix, given):
     return b.build()
 
 
-def pre_apply_mix_bwd(kernel, device, num_lead, flat_mix, given):
-    """run(o_grad, x, mix, x_grad or None) -> mix_grad (x_grad accumulated in place)."""
+def pre_apply_mix_bwd(kernel, device, num_lead, flat_mix, given, hidden):
+    """run(o_grad, x, mix, x_grad or None) -> mix_grad (x_grad accumulated in place), for the
+    kernel's variant: `hidden` columns, m up to the variant's max_mult (more than 4 for 128 threads)."""
     b = plan.Builder()
     lead = _lead(num_lead)
     og = dense(b, 0, BF16, lead + ["H"])
     x = dense(b, 1, BF16, lead + ["M", "H"])
     sizes(b, num_lead)
+    from tilebake.mhc.mhc_pre_apply_mix import BWD_MULT
+
+    v = kernel.variant
+    b.check(f"H == {hidden} and M <= {v.max_mult}" + (f" and M > {BWD_MULT}" if v.max_mult > BWD_MULT else ""))
     mix = dense(b, 2, FP32, _mix_dims(lead, flat_mix))
     xg = dense(b, 3, BF16, lead + ["M", "H"]) if given else None
     mix_grad = b.alloc(FP32, _mix_dims(lead, flat_mix))

@@ -3,7 +3,10 @@ o = sum_i mix[i] * x[i], and its gradients.
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_pre_apply_mix.py: the forward flat over 8-column
 vectors, the backward a CTA per token reducing mix_grad over the hidden dim in a fixed order;
-m (1 to 8) and every size at run time). CPU tensors take the references (tilebake.torch.mhc).
+m (1 to 8) and every size at run time). The backward's CTA, for m <= 4, has as many threads as
+a token's 8-column vectors, in multiples of 128 up to 1024 (a token's loads in flight at once:
+H200 session 18, 8192 x 4 x 7168: 896 threads 353.4 us, 448 355.0, 128 361.5-364.2), 128 threads
+for m > 4 (its register arrays hold 8 streams). CPU tensors take the references (tilebake.torch.mhc).
 """
 
 from __future__ import annotations
@@ -18,9 +21,19 @@ from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans
-from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
+from tilebake.mhc._common import MAX_MHC_MULT, VEC, check_aligned, check_mult_and_hidden, check_shape, check_streams
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
+BWD_THREADS = tuple(range(128, 1025, 128))  # the backward's CTA sizes for m <= BWD_MULT
+BWD_MULT = 4
+
+
+def backward_key(mhc_mult: int, hidden: int) -> tuple:
+    """The backward's variant for m streams of `hidden` columns: a thread a vector of the token's
+    (m <= BWD_MULT), up to 1024 threads; 128 threads with 8-stream registers beyond."""
+    if mhc_mult > BWD_MULT:
+        return ("bwd", 128, MAX_MHC_MULT)
+    return ("bwd", min(1024, -(-hidden // (VEC * 128)) * 128), BWD_MULT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +42,13 @@ class MhcPreApplyMixVariant(Variant):
     op = "mhc_pre_apply_mix"
 
     direction: str  # 'fwd' | 'bwd'
+    threads: int = 128  # a CTA's
+    max_mult: int = MAX_MHC_MULT  # the streams its register arrays hold
 
     @classmethod
     def all(cls):
-        return (cls("fwd"), cls("bwd"))
+        bwd = tuple(cls("bwd", t, BWD_MULT) for t in BWD_THREADS)
+        return (cls("fwd"), cls("bwd"), *bwd)
 
     def params(self):
         if self.direction == "fwd":
@@ -45,7 +61,7 @@ _KERNELS = KernelTable(MhcPreApplyMixVariant)
 
 def forward_kernel():
     """The forward's kernel (also mhc_pre_big_fuse_fwd's second launch)."""
-    return _KERNELS["fwd",]
+    return _KERNELS["fwd", 128, MAX_MHC_MULT]
 _PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
@@ -96,9 +112,9 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
 
         return o.copy_(mhc_pre_apply_mix_ref(x, mix))
     check_aligned(x=x, o=o)
-    _KERNELS["fwd",](x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
+    forward_kernel()(x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
     plan.bump(o)
-    plan.remember(_PLANS, key, _plans.pre_apply_mix_fwd, _KERNELS["fwd",], x.get_device(), x.ndim - 2,
+    plan.remember(_PLANS, key, _plans.pre_apply_mix_fwd, forward_kernel(), x.get_device(), x.ndim - 2,
                   mix.ndim == x.ndim - 1, not key[3])  # fmt: skip
     return o
 
@@ -114,7 +130,7 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["bwd", x.ndim, mix.ndim, x_grad is None]
+            call = _PLANS["bwd", x.ndim, mix.ndim, x_grad is None, x.shape[-2] <= BWD_MULT, x.shape[-1]]
         except (KeyError, AttributeError, TypeError):
             pass
         else:
@@ -140,14 +156,17 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
             x_grad.copy_(new_x_grad)
         return mix_grad.copy_(ref)
     check_aligned(o_grad=o_grad, x=x, **({"x_grad": x_grad} if x_grad is not None else {}))
-    _KERNELS["bwd",](
+    kernel = _KERNELS[backward_key(mhc_mult, hidden)]
+    kernel(
         x.get_device(), o_grad.data_ptr(), x.data_ptr(), mix.data_ptr(), 0 if x_grad is None else x_grad.data_ptr(),
         mix_grad.data_ptr(), num_tokens, mhc_mult, hidden, int(x_grad is not None),
     )  # fmt: skip
     if x_grad is not None:
         plan.bump(x_grad)
-    plan.remember(_PLANS, ("bwd", x.ndim, mix.ndim, x_grad is None), _plans.pre_apply_mix_bwd, _KERNELS["bwd",],
-                  x.get_device(), x.ndim - 2, mix.ndim == x.ndim - 1, x_grad is not None)  # fmt: skip
+    # keyed by m <= BWD_MULT and the hidden size (the variant); the plan checks both
+    key = ("bwd", x.ndim, mix.ndim, x_grad is None, mhc_mult <= BWD_MULT, hidden)
+    plan.remember(_PLANS, key, _plans.pre_apply_mix_bwd, kernel, x.get_device(), x.ndim - 2, mix.ndim == x.ndim - 1,
+                  x_grad is not None, hidden)  # fmt: skip
     return mix_grad
 
 
