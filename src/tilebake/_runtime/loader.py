@@ -214,6 +214,7 @@ class Kernel:
         handle = launcher.get_kernel(module, entry["entry"], device_index, smem)
         loaded = (handle, grid, block, smem, signature, reorder, launcher.launch)
         self._per_device[device_index] = loaded
+        loaded_variants.add(self.variant.id)
         self._specs[device_index] = (tuple(params), tuple(signature.decode()), tuple(entry["grid"]), block, smem)
         return loaded
 
@@ -243,6 +244,8 @@ class Kernel:
         )
 
 
+# Ids of the variants this process has loaded on some device (bench/sanitize.sh's coverage).
+loaded_variants: set[str] = set()
 _modules: dict[tuple[str, str, int], int] = {}
 _modules_lock = threading.Lock()
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Session 18 call 4: the GPU test suite under compute-sanitizer memcheck (bench/sanitize.sh: each
+# tensor its own allocation, 64-byte padding, device heap checks), 12 processes, stopped after 420
+# s; the report names the errors and the variants the tests run so far did not reach.
+set -uo pipefail
+R=$OUT/r; mkdir -p $R
+python3 -m pip install -q --no-index --no-deps --target /tmp/siteS dist_s18/tilebake-*.whl dist_s18/tilebake_cuda-*.whl || exit 1
+date -u +%FT%TZ > $R/date.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+compute-sanitizer --version | tail -1 > $R/sanitizer_version.txt
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/siteS
+NO_CACHING=1 OUT=$R/san JOBS=12 LIMIT=420 bash bench/sanitize.sh memcheck tests 2>&1 | head -60
+gzip $R/san/sanitize_memcheck.log
+tar czf $OUT/results.tgz -C $R . && rm -rf $R
