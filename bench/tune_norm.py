@@ -26,7 +26,8 @@ SHAPES = [(16384, 7168), (4096, 7168)]
 
 
 def _variants():
-    from tilebake.quant.norm_forward import NormForwardCastVariant, NormForwardVariant
+    from tilebake.quant.norm_forward import NormForwardVariant
+    from tilebake.quant.norm_forward_and_per_token_cast import NormForwardCastVariant
 
     return [
         v

@@ -178,7 +178,7 @@ BAD_OUTS = [
     ("per_token", (None, torch.empty(4, 4)), COL, ValueError, "out\\[1\\] must be TMA-aligned column-major"),
     ("per_token", (None, torch.empty(4, 6)[:, :4].t()), COL, ValueError, "stride\\(-1\\) a multiple of 16 bytes"),
     ("per_token", (None, torch.empty(4, 8)[:, 1:5].t()), COL, ValueError, "out\\[1\\] must start at a 16-byte"),
-    ("per_token", (_e4m3(4, 128, device="meta"), None), {}, ValueError, "out\\[0\\] must be on a CUDA device"),
+    ("per_token", (_e4m3(4, 128, device="meta"), None), {}, ValueError, "out\\[0\\] must be on cpu, got meta"),
     ("per_token", (None, torch.empty(4, 4, device="meta")), {}, ValueError, "out\\[1\\] must be on cpu"),
     ("per_token_e2m1", (_e4m3(4, 128), None), {}, TypeError, "out\\[0\\] must be torch.int8"),
     ("per_token_e2m1", (None, torch.empty(4, 4)), COL, ValueError, "out\\[1\\] must be TMA-aligned column-major"),

@@ -15,6 +15,7 @@ import tilebake
 from tests.plan_helpers import ManifestKernel, needs_plans, params_of, trace
 
 nf = importlib.import_module("tilebake.quant.norm_forward")
+nfc = importlib.import_module("tilebake.quant.norm_forward_and_per_token_cast")
 nb = importlib.import_module("tilebake.quant.norm_backward")
 plans = importlib.import_module("tilebake.quant._norm_plans")
 
@@ -153,8 +154,8 @@ def cast_params(x, weight, residual, data, sf, out_bf16, residual_out, rstd, npc
                 mega_block_m=0):  # fmt: skip
     p = forward_params(x, weight, residual, data, residual_out, rstd, 1.5)
     rows = x.shape[:-1].numel()
-    per_sm = nf.CAST_CTAS_PER_SM[FMT[x.dtype], residual is not None]
-    sf_bs, sf_ts, sf_gs = nf._sf_strides3(sf, packed)
+    per_sm = nfc.CAST_CTAS_PER_SM[FMT[x.dtype], residual is not None]
+    sf_bs, sf_ts, sf_gs = nfc._sf_strides3(sf, packed)
     ob_bs, ob_rs = nf.rows_strides(out_bf16) if out_bf16 is not None else (0, 0)
     p.update(
         num_ctas=rows if per_sm is None else min(rows, per_sm * NUM_SMS),
@@ -171,7 +172,7 @@ def cast_params(x, weight, residual, data, sf, out_bf16, residual_out, rstd, npc
 def cast_plan(dtype, ndim, has_weight, has_residual, npc, sf_mode, given, with_bf16, given_ro, with_rstd,
               mega_block_m=0):  # fmt: skip
     round_sf, packed, col_major = sf_mode
-    kernel = ManifestKernel(nf.NormForwardCastVariant(FMT[dtype], has_weight, has_residual, npc))
+    kernel = ManifestKernel(nfc.NormForwardCastVariant(FMT[dtype], has_weight, has_residual, npc))
     amax_clamp = tilebake.config.get_amax_clamp_for_quant("e4m3", False)
     p = plans.cast_plan(kernel, 0, dtype, ndim, has_weight, has_residual, EPS, 1.5, npc, col_major, round_sf,
                         packed, with_bf16, given, given and with_bf16, given_ro, mega_block_m, with_rstd, amax_clamp,
@@ -193,7 +194,7 @@ def test_norm_forward_and_per_token_cast_plan(dtype, ndim, npc, sf_mode, given):
             residual = make_x(shape, dtype) if has_residual else None
             kwargs = dict(residual=residual, out_scale=1.5, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
                           use_packed_ue8m0=packed, with_out_bf16=with_bf16, with_rstd=with_rstd)  # fmt: skip
-            want = nf.norm_forward_and_per_token_cast(x, weight, EPS, "e4m3", npc, **kwargs)
+            want = nfc.norm_forward_and_per_token_cast(x, weight, EPS, "e4m3", npc, **kwargs)
             out = (like(want[0][0]), sf_for_out(want[0][1], col_major, i)) if given else None
             out_bf16 = like(want[1]) if given and with_bf16 else None
             residual_out = like(want[3]) if given_ro else None
@@ -227,7 +228,7 @@ def test_cast_plan_refuses_what_the_python_path_refuses():
         _, p = cast_plan(torch.bfloat16, 2, False, False, 128, sf_mode, True, False, False, False)
         x = make_x((5, 384), torch.bfloat16)
         data = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
-        sf = nf._alloc_sf_rows(x, 3, sf_mode[1], sf_mode[2])
+        sf = nfc._alloc_sf_rows(x, 3, sf_mode[1], sf_mode[2])
         assert trace(p, x, None, None, (data, sf), None, None, None)[0] is not NotImplemented
         x320 = make_x((5, 320), torch.bfloat16)  # hidden % 128
         assert trace(p, x320, None, None, (data, sf), None, None, None)[0] is NotImplemented
@@ -255,7 +256,7 @@ def test_cast_plan_with_mega_moe_sf(dtype, packed):
         kernel, p = cast_plan(dtype, 2, False, False, 32, sf_mode, False, True, False, False, block_m)
         x = make_x((num_tokens, 1024), dtype)
         mega = mega_buffer(num_tokens, 1024, block_m)
-        want = nf.norm_forward_and_per_token_cast(
+        want = nfc.norm_forward_and_per_token_cast(
             x, None, EPS, "e4m3", 32, out_scale=1.5, round_sf=True, use_packed_ue8m0=packed, with_out_bf16=True,
             mega_moe_sf=mega_buffer(num_tokens, 1024, block_m), mega_moe_block_m=block_m,
         )  # fmt: skip
@@ -369,7 +370,7 @@ def test_gpu_second_calls_take_their_plans(monkeypatch):
     x3 = x.view(1, 37, 640)
     out = torch.empty_like(x3)
     twice(nf, "_FORWARD_PLANS", lambda: nf.norm_forward(x3, None, EPS, out=out)[:2])
-    twice(nf, "_CAST_PLANS", lambda: nf.norm_forward_and_per_token_cast(
+    twice(nfc, "_CAST_PLANS", lambda: nfc.norm_forward_and_per_token_cast(
         x, weight, EPS, "e4m3", 32, residual, use_tma_aligned_col_major_sf=True, round_sf=True,
         use_packed_ue8m0=True, with_out_bf16=True, with_rstd=True))  # fmt: skip
     _, rstd, _ = nf.norm_forward(x, weight, EPS, with_rstd=True)
@@ -386,7 +387,7 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
     bw_reduce = ManifestKernel(nb.NormBackwardReduceVariant("bf16"))
     caches = {name: _Lookups() for name in ("fw", "cast", "bw")}
     monkeypatch.setattr(nf, "_FORWARD_PLANS", caches["fw"])
-    monkeypatch.setattr(nf, "_CAST_PLANS", caches["cast"])
+    monkeypatch.setattr(nfc, "_CAST_PLANS", caches["cast"])
     monkeypatch.setattr(nb, "_PLANS", caches["bw"])
     caches["fw"][dtype, 2, False, EPS, float, True, 1.0, float, True, True, True] = plans.forward_plan(
         fw, 0, dtype, 2, True, False, EPS, 1.0, False, False, True
@@ -400,12 +401,12 @@ def test_planned_keys_still_trace_under_torch_compile(monkeypatch):
 
     def ops(x, w, r):
         y, rstd, _ = nf.norm_forward(x, w, EPS, with_rstd=True)
-        q = nf.norm_forward_and_per_token_cast(x, w, EPS, "e4m3", 32, r, 0.5, True, True, True, with_out_bf16=True)
+        q = nfc.norm_forward_and_per_token_cast(x, w, EPS, "e4m3", 32, r, 0.5, True, True, True, with_out_bf16=True)
         return y, q, nb.norm_backward(r, x, w, rstd, None, 1.5)
 
     eager = ops(x, w, r)
     assert [c.found for c in caches.values()] == [[True], [True], [True]]  # CPU tensors: the Python path
-    for module, name, key in ((nf, "_FORWARD_PLANS", "fw"), (nf, "_CAST_PLANS", "cast"), (nb, "_PLANS", "bw")):
+    for module, name, key in ((nf, "_FORWARD_PLANS", "fw"), (nfc, "_CAST_PLANS", "cast"), (nb, "_PLANS", "bw")):
         monkeypatch.setattr(module, name, dict(caches[key]))  # plain dicts: no side effects for dynamo
     compiled = torch.compile(ops, fullgraph=True, backend="aot_eager")(x, w, r)
     for a, b in zip(torch.utils._pytree.tree_leaves(eager), torch.utils._pytree.tree_leaves(compiled)):

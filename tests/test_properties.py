@@ -79,6 +79,66 @@ def test_per_token_cast_round_trip_error_bound(seed, tokens, blocks, npc, tail, 
         assert_bytes_equal(sf, want[1], "sf")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@PROPERTY
+@given(seed=st.integers(0, 2**31 - 1), tokens=st.integers(1, 300), cols=st.integers(1, 20),
+       block=st.sampled_from([(32, 32), (32, 128), (128, 32), (128, 128)]), fmt=st.sampled_from(["e4m3", "e2m1"]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float32]), round_sf=st.booleans(),
+       special_rate=st.sampled_from([0.0, 0.05]))  # fmt: skip
+def test_per_block_cast_round_trip_error_bound(seed, tokens, cols, block, fmt, dtype, round_sf, special_rate, device):
+    """2-D blocks, partial edge blocks (any T, H a multiple of 32): the per_token_cast bound with
+    the block's scale; on a GPU the bytes of the CPU path."""
+    bm, bk = block
+    hidden = 32 * cols
+    x = values(seed, (tokens, hidden), dtype, FINITE_SPECIALS, special_rate)
+    data, sf = tilebake.quant.per_block_cast(x.to(device), fmt, block, round_sf=round_sf)
+    y = tilebake.quant.cast_back((data, sf), "fp32", block).cpu()
+    assert y.isfinite().all(), "a finite input dequantised to a non-finite value"
+    rel, step = (2.0**-4, 2.0**-10) if fmt == "e4m3" else (0.25, 0.25)
+    block_sf = sf.cpu().repeat_interleave(bm, 0).repeat_interleave(bk, 1)[:tokens, :hidden]
+    err, bound = (y - x.float()).abs(), rel * x.float().abs() + step * block_sf
+    assert bool((err <= bound).all()), f"worst excess {(err - bound).max().item()}"
+    if device == "cuda":
+        want = tilebake.quant.per_block_cast(x, fmt, block, round_sf=round_sf)
+        assert_bytes_equal(data, want[0], "data")
+        assert_bytes_equal(sf, want[1], "sf")
+
+
+# --- cast: round to nearest even as torch's .to; stochastic rounding brackets it ---
+
+CAST_SPECIALS = (float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, 448.0, 464.0, -1e6, 3.4e38)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@PROPERTY
+@given(seed=st.integers(0, 2**31 - 1), numel=st.integers(1, 3000).map(lambda n: 4 * n),
+       pair=st.sampled_from([(torch.float32, torch.bfloat16), (torch.float32, torch.float8_e4m3fn),
+                             (torch.bfloat16, torch.float8_e4m3fn), (torch.bfloat16, torch.float32)]),
+       special_rate=st.sampled_from([0.0, 0.1]), stochastic=st.booleans())  # fmt: skip
+def test_cast(seed, numel, pair, special_rate, stochastic, device):
+    """Nearest even: torch's .to (e4m3 saturating at +-448, as torch does); stochastic: one of the
+    two neighbours of the value (NaN stays NaN) and the same bits again for the same input."""
+    src, dst = pair
+    if stochastic and dst == torch.float32:
+        return  # no stochastic rounding to fp32
+    x = values(seed, (numel,), src, CAST_SPECIALS, special_rate)
+    got = tilebake.quant.cast(x.to(device), dst, stochastic).cpu()
+    if not stochastic:  # torch's .to on the tensor's device (e4m3 above 448: torch's, by version and device)
+        assert_bytes_equal(got, x.to(device).to(dst), "cast")
+        inside = (x.float().abs() <= E4M3_MAX) | x.float().isnan() | (dst != torch.float8_e4m3fn)
+        assert_bytes_equal(got[inside], x[inside].to(dst), "cast, against the CPU's rounding")
+        return
+    assert_bytes_equal(tilebake.quant.cast(x.to(device), dst, True), got, "a second stochastic cast")
+    exact = x.float()
+    g = got.float()
+    assert torch.equal(g.isnan(), exact.isnan()), "NaN pattern"
+    finite = exact.isfinite() & (exact.abs() < (E4M3_MAX if dst == torch.float8_e4m3fn else BF16_MAX))
+    # a step of the format at the value: at most |nearest| 2^-mantissa bits, at least its smallest subnormal
+    mantissa, smallest = (3, 2.0**-9) if dst == torch.float8_e4m3fn else (7, 2.0**-133)
+    step = (exact[finite].to(dst).float().abs() * 2.0**-mantissa).clamp(min=smallest)
+    assert bool(((g[finite] - exact[finite]).abs() <= 2 * step).all()), "not a neighbour of the value"
+
+
 # --- topk_gate: a stable descending sort; non-finite rows -1 on a GPU, an error on the CPU ---
 
 

@@ -12,7 +12,7 @@ inv = 448 / c (c / 448 by div_fmt_max: one product and an FMA correction, checke
 the range where it is used); round_sf: SF = 2^e, e = ((bits(c * (1/448)) - 1) >> 23) + 1 - 127, inv = 2^-e;
 q = e4m3(clamp(y * inv, +-448)) (the conversion saturates, which is that clamp; NaN stays NaN).
 
-Launch (the host's CAST_CTAS_PER_SM, src/tilebake/quant/norm_forward.py): `num_ctas` CTAs, CTA c
+Launch (the host's CAST_CTAS_PER_SM, src/tilebake/quant/norm_forward_and_per_token_cast.py): `num_ctas` CTAs, CTA c
 taking rows c, c + num_ctas, ... of the batch * num_tokens rows: min(rows, 4 x SMs) for a
 persistent launch, or one CTA per row. w * out_scale is computed once per CTA into shared
 memory, each thread reading back only the slots it wrote. A row stays in registers in x's
@@ -37,7 +37,8 @@ import tilelang.language as T
 
 from kernels_tl.quant.common import TL_DTYPES, pow2_inverse, pow2_scale_exponent, pow2_sf
 from kernels_tl.quant.norm_forward import CTA_THREADS, PASS_CONFIGS, VEC, row_strides
-from tilebake.quant.norm_forward import CAST_CTAS_PER_SM, MAX_HIDDEN
+from tilebake.quant.norm_forward import MAX_HIDDEN
+from tilebake.quant.norm_forward_and_per_token_cast import CAST_CTAS_PER_SM
 
 __all__ = ["PASS_CONFIGS", "build"]
 

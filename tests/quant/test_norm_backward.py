@@ -233,12 +233,13 @@ def test_launch_arguments_match_the_built_kernels():
     from tilebake.errors import CorruptArtifactError
 
     forward = importlib.import_module("tilebake.quant.norm_forward")
+    forward_cast = importlib.import_module("tilebake.quant.norm_forward_and_per_token_cast")
     backward = importlib.import_module("tilebake.quant.norm_backward")
     try:
         kernels = loader.manifest()["kernels"]
     except CorruptArtifactError:
         pytest.skip("no built kernels installed")
-    variants = (*forward.NormForwardVariant.all(), *forward.NormForwardCastVariant.all())
+    variants = (*forward.NormForwardVariant.all(), *forward_cast.NormForwardCastVariant.all())
     expected = {v.id: v.arg_names for v in (*variants, *backward.NormBackwardVariant.all())}
     built = [vid for vid in expected if vid in kernels]
     if not built:

@@ -191,3 +191,9 @@ class AscendKernelTable(dict):
     def __missing__(self, key: tuple) -> AscendKernel:
         kernel = self[key] = AscendKernel(self.variant_type(*key))
         return kernel
+
+    def on(self, t, *key) -> tuple[int, AscendKernel]:
+        """(t's NPU index, the kernel of `key` built for that NPU's vector-core count): where an op
+        launches."""
+        index = device_index(t)
+        return index, self[(*key, vector_cores(index))]

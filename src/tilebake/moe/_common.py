@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake.quant._common import NUM_PER_CHANNELS
 from tilebake.utils import ceil_div
 
@@ -25,6 +26,7 @@ def _check_index_map(t, name: str, dim: int, dtype: torch.dtype, dims_text: str 
         raise ValueError(f"{name} must be a {dim}-D {dims_text}tensor, got {got}")
     if t.dtype != dtype:
         raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    check_device(t, name)
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 

@@ -17,8 +17,7 @@ def normalize_weight_npu(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torc
     denominator = topk_weights.new_empty((num_tokens,))
     normalized = topk_weights.new_empty((num_tokens, num_topk))
     if num_tokens:
-        index = ascend.device_index(topk_weights)
-        kernel = _KERNELS["fp32", ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(topk_weights, "fp32")
         pointers = (topk_weights.data_ptr(), denominator.data_ptr(), normalized.data_ptr())
         kernel(index, *pointers, num_tokens, num_topk, topk_weights.stride(0))
     return denominator, normalized

@@ -16,7 +16,6 @@ def topk_gate_npu(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     num_tokens, num_experts = scores.shape
     out = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens:
-        index = ascend.device_index(scores)
-        kernel = _KERNELS[MAX_EXPERTS[-1], ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(scores, MAX_EXPERTS[-1])
         kernel(index, scores.data_ptr(), out.data_ptr(), num_tokens, num_experts, num_topk, scores.stride(0))
     return out

@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -70,8 +71,7 @@ def check_fp32_rows(t, name: str, columns: str, max_columns: int) -> tuple[int, 
     num_tokens, num_columns = t.shape
     if not 1 <= num_columns <= max_columns:
         raise ValueError(f"{name}.shape[1] ({columns}) must be in [1, {max_columns}], got {num_columns}")
-    if t.device.type not in ("cuda", "cpu", "npu"):
-        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {t.device}")
+    check_device(t, name)
     if num_columns > 1 and t.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
     return num_tokens, num_columns

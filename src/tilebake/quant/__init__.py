@@ -16,7 +16,7 @@ _MODULES = {
     "per_token_cast_back": "cast_back",
     "norm_backward": "norm_backward",
     "norm_forward": "norm_forward",
-    "norm_forward_and_per_token_cast": "norm_forward",
+    "norm_forward_and_per_token_cast": "norm_forward_and_per_token_cast",
     "per_block_cast": "per_block_cast",
     "per_block_cast_with_precomputed_sf": "per_block_cast",
     "per_block_cast_with_sf_only": "per_block_cast",

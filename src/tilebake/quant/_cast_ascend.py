@@ -18,6 +18,6 @@ def stochastic_cast(x: torch.Tensor) -> torch.Tensor:
     """bf16 of the contiguous fp32 NPU tensor x (numel % 4 == 0, < 2^31: checked by the caller)."""
     out = x.new_empty(x.shape, dtype=torch.bfloat16)
     if x.numel():
-        index = ascend.device_index(x)
-        _KERNELS["fp32", "bf16", ascend.vector_cores(index)](index, x.data_ptr(), out.data_ptr(), x.numel() // 4)
+        index, kernel = _KERNELS.on(x, "fp32", "bf16")
+        kernel(index, x.data_ptr(), out.data_ptr(), x.numel() // 4)
     return out

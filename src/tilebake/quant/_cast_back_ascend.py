@@ -36,8 +36,7 @@ def cast_back(data, sf, fmt, block_m, block_k):
         return None
     out = data.new_empty((num_tokens, hidden), dtype=FLOAT_DTYPES[fmt])
     if num_tokens:
-        index = ascend.device_index(data)
-        kernel = _KERNELS[fmt, kind[0], ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(data, fmt, kind[0])
         sf_cols = hidden // ASCEND_NUM_PER_CHANNELS  # S's row in its kernel dtype: fp32 groups or UE8M0 bytes
         kernel(index, data.data_ptr(), sf.data_ptr(), out.data_ptr(), num_tokens, hidden, data.stride(0), sf_cols)
     return out
@@ -52,7 +51,6 @@ def fake_quant(x, fmt, num_per_channels, round_sf, use_e4m3_sf, amax_clamp) -> b
         return False
     torch.autograd.graph.increment_version(x)  # the kernel writes x behind autograd's back
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _ROUND_TRIP[_IN_DTYPES[x.dtype], bool(round_sf), ascend.vector_cores(index)]
+        index, kernel = _ROUND_TRIP.on(x, _IN_DTYPES[x.dtype], bool(round_sf))
         kernel(index, x.data_ptr(), amax_clamp, num_tokens, hidden, x.stride(0))
     return True

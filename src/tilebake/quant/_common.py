@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake.utils import FLOAT_FORMATS, align, ceil_div
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
@@ -55,8 +56,7 @@ def _explain_rows(x: torch.Tensor, name: str, hidden_multiple: int, row_bytes: i
     num_tokens, hidden = x.shape
     if hidden % hidden_multiple:
         raise ValueError(f"{name}.shape[1] (hidden) must be a multiple of {hidden_multiple}, got {hidden}")
-    if x.device.type not in ("cuda", "cpu", "npu"):
-        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {x.device}")
+    check_device(x, name)
     if hidden > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")
     if num_tokens > 1 and (x.stride(0) * x.element_size()) % row_bytes:
@@ -80,7 +80,7 @@ def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, lik
     """A preallocated output: `shape` and `dtype`, on `like`'s device, rows as check_rows wants
     and apart (a row stride below the row length would make rows overlap)."""
     if not (
-        isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.get_device() == like.get_device()
+        isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.device == like.device
     ):
         _explain_tensor(t, name, shape, dtype, like)
     check_rows(t, name, hidden_multiple=1)
@@ -197,7 +197,7 @@ def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8
         isinstance(sf, torch.Tensor)
         and sf.dtype == dtype
         and sf.shape == (num_tokens, cols)
-        and sf.get_device() == like.get_device()
+        and sf.device == like.device
     ):
         _explain_tensor(sf, name, (num_tokens, cols), dtype, like)
 
@@ -215,8 +215,7 @@ def check_packed_rows(x: torch.Tensor, name: str) -> tuple[int, int]:
     Returns its (physical) shape."""
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (num_tokens, hidden / 2), got shape {tuple(x.shape)}")
-    if x.device.type not in ("cuda", "cpu", "npu"):
-        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {x.device}")
+    check_device(x, name)
     num_tokens, cols = x.shape
     if cols > 1 and x.stride(1) != 1:
         raise ValueError(f"{name} must be contiguous in its last dim, got strides {x.stride()}")

@@ -31,8 +31,7 @@ def norm_forward(x, weight, eps, residual, out_scale, with_rstd):
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
     rows = x.numel() // hidden
     if rows:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], weight is not None, residual is not None, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], weight is not None, residual is not None)
         pointers = (x.data_ptr(), out.data_ptr(), (rstd if with_rstd else x).data_ptr())
         pointers += (weight.data_ptr(),) if weight is not None else ()
         pointers += (residual.data_ptr(), norm_input.data_ptr()) if residual is not None else ()

@@ -166,7 +166,7 @@ def cast_plan(kernel, device, dtype, ndim, has_weight, has_residual, eps, out_sc
     residual_out, mega_moe_sf), out a (data, sf) tuple (both given) or None. The persistent
     launch takes min(rows, CAST_CTAS_PER_SM x num_sms) CTAs (num_sms: config.get_num_sms() at
     build; config setters empty the plans)."""
-    from tilebake.quant.norm_forward import CAST_CTAS_PER_SM
+    from tilebake.quant.norm_forward_and_per_token_cast import CAST_CTAS_PER_SM
 
     b = plan.Builder()
     fp8 = torch.float8_e4m3fn

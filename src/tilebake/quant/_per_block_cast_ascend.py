@@ -47,8 +47,7 @@ def per_block_cast(x, fmt, block, col_major_sf, round_sf, use_packed_ue8m0, stor
     sf = alloc_ascend_sf(x, row_blocks, blocks, use_packed_ue8m0)
     mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], fmt, mode, store_data, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], fmt, mode, store_data)
         pointers = (x.data_ptr(), data.data_ptr(), sf.data_ptr()) if store_data else (x.data_ptr(), sf.data_ptr())
         clamp = config.get_amax_clamp_for_quant(fmt, False)
         kernel(index, *pointers, clamp, num_tokens, hidden, x.stride(0), blocks)  # S's row: blocks or bytes
@@ -63,8 +62,7 @@ def with_precomputed_sf(x, fmt, block, sf):
     num_tokens, hidden = x.shape
     data = _data(x, fmt)
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], fmt, "precomputed", True, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], fmt, "precomputed", True)
         blocks = hidden // ASCEND_BLOCK
         kernel(index, x.data_ptr(), data.data_ptr(), sf.data_ptr(), num_tokens, hidden, x.stride(0), blocks)
     return data

@@ -38,8 +38,7 @@ def per_block_cast_lossless(data, sf_in, x_block, out_block, col_major_sf, use_p
     row_blocks, blocks = ceil_div(num_tokens, _GROUP), hidden // _GROUP
     sf = alloc_ascend_sf(data, row_blocks, blocks, use_packed_ue8m0)
     if num_tokens:
-        index = ascend.device_index(data)
-        kernel = _KERNELS[kind[0], "ue8m0" if use_packed_ue8m0 else "fp32", ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(data, kind[0], "ue8m0" if use_packed_ue8m0 else "fp32")
         pointers = (data.data_ptr(), sf_in.data_ptr(), y.data_ptr(), sf.data_ptr())
         kernel(index, *pointers, num_tokens, data.shape[1], data.stride(0))  # x_bytes: hidden / 2
     if check:

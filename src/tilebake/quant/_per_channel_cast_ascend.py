@@ -50,8 +50,7 @@ def per_channel_cast(data, sf_in, num_per_tokens, num_per_channels, round_sf, us
         sf = data.new_empty((row_blocks, hidden), dtype=torch.float32)
         mode = "round" if round_sf else "fp32"
     if num_tokens:
-        index = ascend.device_index(data)
-        kernel = _KERNELS[_IN_DTYPES[data.dtype], in_sf, mode, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(data, _IN_DTYPES[data.dtype], in_sf, mode)
         pointers = (data.data_ptr(), out.data_ptr(), sf.data_ptr())
         pointers += (sf_in.data_ptr(),) if sf_in is not None else ()
         clamp = config.get_amax_clamp_for_quant("e4m3", False)

@@ -37,8 +37,7 @@ def per_token_cast(x, num_per_channels, round_sf, use_packed_ue8m0, col_major_sf
     sf = alloc_ascend_sf(x, num_tokens, groups, use_packed_ue8m0)
     mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], mode, store_data, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], mode, store_data)
         pointers = (x.data_ptr(), data.data_ptr(), sf.data_ptr()) if store_data else (x.data_ptr(), sf.data_ptr())
         clamp = config.get_amax_clamp_for_quant("e4m3", False)
         kernel(index, *pointers, clamp, num_tokens, hidden, x.stride(0), groups)  # S's row: groups or bytes
@@ -60,8 +59,7 @@ def with_precomputed_sf(x, num_per_channels, sf):
         return None
     data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], "precomputed", True, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], "precomputed", True)
         groups = hidden // num_per_channels
         kernel(index, x.data_ptr(), data.data_ptr(), sf.data_ptr(), num_tokens, hidden, x.stride(0), groups)
     return data

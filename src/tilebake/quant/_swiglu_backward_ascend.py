@@ -44,8 +44,7 @@ def swiglu_backward(x, x_sf, g, fmt, psum, topk_weights, scale, clamp, do_recomp
         e = e.contiguous()
         row_sums = g.new_empty((num_tokens,), dtype=torch.float32)
     if num_tokens:
-        index = ascend.device_index(g)
-        kernel = _KERNELS[_DTYPES[x.dtype], _DTYPES[g.dtype], fmt, sf_mode, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(g, _DTYPES[x.dtype], _DTYPES[g.dtype], fmt, sf_mode)
         unused = x.data_ptr()  # (never read or written: the flags say so)
         pointers = [x.data_ptr(), g.data_ptr(), x_grad.data_ptr()]
         pointers += [t.data_ptr() if t is not None else unused for t in (e, act, row_sums)]

@@ -30,8 +30,7 @@ def swiglu_forward(x, fmt, topk_weights, scale, clamp, sf_mode="none"):
     if cast:  # hidden % 64 == 0 (checked): whole groups, an even count of them
         sf = alloc_ascend_sf(x, num_tokens, hidden // _GROUP, sf_mode == "ue8m0")
     if num_tokens:
-        index = ascend.device_index(x)
-        kernel = _KERNELS[_IN_DTYPES[x.dtype], fmt, sf_mode, ascend.vector_cores(index)]
+        index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], fmt, sf_mode)
         w = topk_weights if topk_weights is not None else x
         pointers = (x.data_ptr(), y.data_ptr(), w.data_ptr()) + ((sf.data_ptr(),) if cast else ())
         flags = (num_tokens, hidden, x.stride(0), int(topk_weights is not None), int(clamp is not None))

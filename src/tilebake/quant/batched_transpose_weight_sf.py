@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
@@ -170,8 +171,7 @@ def batched_transpose_weight_sf(
             raise TypeError(f"sf[{i}] must be torch.float32, got {s.dtype}")
         if s.dim() not in (2, 3):
             raise ValueError(f"sf[{i}] must be (n/bs, k/bs) or (G, n/bs, k/bs), got shape {tuple(s.shape)}")
-        if s.device.type not in ("cuda", "cpu", "npu"):
-            raise ValueError(f"sf[{i}] must be on a CUDA device, an NPU or the CPU, got {s.device}")
+        check_device(s, f"sf[{i}]")
         if out is not None:
             if not isinstance(out, (tuple, list)) or len(out) != 2:
                 raise TypeError(f"outs[{i}] must be None or a (sf0, sf1) pair, got {type(out).__name__}")

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -69,9 +70,10 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         stochastic_rounding: round to one of the two neighbours, up with probability equal to
             the distance from the lower one over the gap (unbiased); only fp32 -> bf16,
             fp32 -> e4m3 and bf16 -> e4m3, with x.numel() % 4 == 0. Deterministic: equal
-            inputs give equal outputs. To e4m3, |x| >= 448 and inf saturate to +-448 (as torch's
-            .to does) and NaN stays NaN; to bf16, NaN stays NaN and values past the largest
-            finite bf16 may round to inf.
+            inputs give equal outputs. To e4m3, |x| >= 448 and inf saturate to +-448 and NaN
+            stays NaN; to bf16, NaN stays NaN and values past the largest finite bf16 may round
+            to inf. Without it the cast is torch's .to (to e4m3 above 448: what torch gives on
+            that device: +-448 with torch 2.13 on the CPU, not 448 with torch 2.11 on the H200).
     """
     # The native path (see per_token_cast): a call whose key has been seen runs as one plan.
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
@@ -95,8 +97,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False)
         raise TypeError(f"stochastic_rounding must be a bool, got {stochastic_rounding!r}")
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous, got shape {tuple(x.shape)} with strides {x.stride()}")
-    if x.device.type not in ("cuda", "cpu", "npu"):
-        raise ValueError(f"x must be on a CUDA device, an NPU or the CPU, got {x.device}")
+    check_device(x, "x")
     if not stochastic_rounding:
         return x.to(dtype)
     if (src, dst) not in _SR_PAIRS:

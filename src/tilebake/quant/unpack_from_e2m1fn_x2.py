@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -55,6 +56,7 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
         return reference(x, out_dtype)  # raises the argument's error
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         return reference(x, out_dtype)
+    check_device(x, "x")
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.unpack_from_e2m1fn_x2(x, out_dtype)
     name = _OUT_DTYPES.get(out_dtype)

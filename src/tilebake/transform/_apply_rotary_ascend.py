@@ -34,8 +34,7 @@ def apply_rotary_npu(query, cos_sin_cache, key, positions, interleaved, conjugat
     if tokens == 0:
         return True
     gathered, flags = gather_rows(cos_sin_cache, positions, query, seqlen_offset)
-    index = ascend.device_index(query)
-    kernel = _KERNELS[FLOAT_FORMATS[query.dtype], rot, ascend.vector_cores(index)]
+    index, kernel = _KERNELS.on(query, FLOAT_FORMATS[query.dtype], rot)
     k_ptr = key.data_ptr() if key is not None else query.data_ptr()
     kernel(index, query.data_ptr(), k_ptr, gathered.data_ptr(), flags.data_ptr(), tokens, q_heads, k_heads,
            int(interleaved), int(conjugate))  # fmt: skip

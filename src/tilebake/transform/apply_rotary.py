@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -86,8 +87,7 @@ def _check(query, cos_sin_cache, key, positions, interleaved, conjugate, seqlen_
         raise TypeError(f"query must be torch.bfloat16 or torch.float32, got {query.dtype}")
     if query.dim() not in (3, 4):
         raise ValueError(f"query must be [T, H, rot_dim] or [B, S, H, rot_dim], got shape {tuple(query.shape)}")
-    if query.device.type not in ("cuda", "cpu", "npu"):
-        raise ValueError(f"query must be on a CUDA device, an NPU or the CPU, got {query.device}")
+    check_device(query, "query")
     rot = query.shape[-1]
     if rot not in ROT_DIMS:
         raise ValueError(
