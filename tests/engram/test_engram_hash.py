@@ -53,6 +53,21 @@ def test_mask_and_empty_tables_give_minus_one():
     assert (out[:, ~mask][..., [0, 1, 3]] >= 0).all()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_any_token_id_lands_in_its_table(device):
+    """Negative ids and the int32 extremes: each index inside its table, the Python model's value."""
+    ids, mul, voc, off, _ = inputs(6, 3, 2, 4, "cpu", seed=3)
+    extremes = [[-1, 0, 2**31 - 1], [-(2**31), -(2**31), -(2**31)], [2**31 - 1, -7, 1]]
+    ids[:] = torch.tensor(extremes * 2, dtype=torch.int32)
+    out = tilebake.engram.engram_hash(*(t.to(device) for t in (ids, mul, voc, off))).cpu()
+    lo = off[:, None, :]
+    hi = lo + voc.reshape(2, -1)[:, None, :]
+    assert bool(((out >= lo) & (out < hi)).all()), "an index outside its table"
+    for layer in range(2):
+        for t in range(6):
+            assert out[layer, t].tolist() == python_hash(ids, mul, voc, off, layer, t)
+
+
 @pytest.mark.parametrize(
     "change,exc,message",
     [

@@ -84,6 +84,9 @@ def engram_hash(
         (L, T, (N - 1) M) int32: for order i + 1 (h = XOR of id_j * mul_j, j <= i, 64-bit
         wrapping) and table m, h mod vocab_sizes[l, i - 1, m] (non-negative) + the table's
         offset; -1 for image tokens and tables of non-positive size.
+
+    Out-of-range values: token ids are hashed, never used as indices, so every int32 id (negative
+    ones and the extremes too) gives an index inside its table, [offset, offset + vocab_size).
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
