@@ -15,13 +15,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib
 import threading
 from pathlib import Path
 
 import torch
 
-from tilebake._runtime.loader import _native, _read_manifest_file, _version
+from tilebake._runtime.loader import _native, _read_manifest_file, _version, package_kernel_dir
 from tilebake._variants import PARAM_DTYPES
 from tilebake.errors import (
     CorruptArtifactError,
@@ -41,16 +40,7 @@ def install_hint() -> str:
 
 @functools.cache
 def kernel_dir() -> Path:
-    try:
-        package = importlib.import_module(ASCEND_KERNELS_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name != ASCEND_KERNELS_MODULE:
-            raise
-        raise KernelsNotInstalledError(
-            f"tilebake's Ascend kernels are not installed: NPU tensors need the {ASCEND_KERNELS_PACKAGE} "
-            f"package next to tilebake. {install_hint()}"
-        ) from None
-    return Path(package.KERNEL_DIR)
+    return package_kernel_dir(ASCEND_KERNELS_MODULE, ASCEND_KERNELS_PACKAGE, "NPU", install_hint())
 
 
 def _read(path: Path) -> dict:

@@ -43,19 +43,25 @@ def install_hint() -> str:
     return f"pip install {CUDA_KERNELS_PACKAGE}=={_version()} (or tilebake[cuda])"
 
 
+def package_kernel_dir(module: str, package: str, backend: str, hint: str) -> Path:
+    """The `kernels/` directory of kernel package `module` (pip name `package`, `backend`'s: 'CUDA'
+    or 'NPU'); KernelsNotInstalledError naming `hint`, its install command, when it is absent."""
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise KernelsNotInstalledError(
+            f"tilebake's {'Ascend' if backend == 'NPU' else backend} kernels are not installed: {backend} tensors "
+            f"need the {package} package next to tilebake. {hint}"
+        ) from None
+    return Path(found.KERNEL_DIR)
+
+
 @functools.cache
 def kernel_dir() -> Path:
     """The installed CUDA kernels' directory (the `tilebake_cuda` package's `kernels/`)."""
-    try:
-        package = importlib.import_module(CUDA_KERNELS_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name != CUDA_KERNELS_MODULE:
-            raise
-        raise KernelsNotInstalledError(
-            f"tilebake's CUDA kernels are not installed: CUDA tensors need the {CUDA_KERNELS_PACKAGE} "
-            f"package next to tilebake. {install_hint()}"
-        ) from None
-    return Path(package.KERNEL_DIR)
+    return package_kernel_dir(CUDA_KERNELS_MODULE, CUDA_KERNELS_PACKAGE, "CUDA", install_hint())
 
 
 def _read_manifest_file(path: Path, package: str = CUDA_KERNELS_PACKAGE, hint=install_hint) -> dict:
