@@ -1,5 +1,6 @@
 """The Ascend backend's stage 1 (build_tools/aot_ascend.py) on this CPU host, no CANN: every
-declared Ascend variant lowers to AscendC, the same bytes as in the wheel build's lowering; the stage-1 manifest holds
+declared Ascend variant lowered to AscendC by the wheel build, a sample lowered again to the same
+bytes; the stage-1 manifest holds
 every variant with the launch facts read from the IR (the kernel's parameter order: buffers by
 name, then scalars by name), matching the declarations; stage 2 without CANN stops with a message
 naming what is missing. Nothing here runs a kernel: there is no NPU."""
@@ -8,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,19 +29,29 @@ def _run(*args, check=True):
 
 
 @pytest.fixture(scope="module")
-def stage1(tmp_path_factory):
-    """A stage-1 tree of every Ascend variant: one lowering process a chunk of 8 variants of an
-    op (as the wheel build), as many at once as there are CPUs."""
+def stage1(setup, tmp_path_factory):
+    """The wheel build's stage-1 tree (backends/ascend's CMake lowered every Ascend variant), with
+    the stage-1 manifest written over it by `aot_ascend.py manifest --stage1-only`."""
     out = tmp_path_factory.mktemp("stage1")
-    chunks = []
-    for op in sorted({v.op for v in VARIANTS}):
-        ids = [v.id for v in VARIANTS if v.op == op]
-        chunks += [ids[i : i + 8] for i in range(0, len(ids), 8)]
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        lowered = pool.map(lambda ids: _run("lower", *ids, "--out", str(out)), chunks)
-        assert all(r.returncode == 0 for r in lowered)
+    stage2 = shutil.ignore_patterns("*.aibin", "*.o", "cann_version.txt")  # what the stand-in CANN made
+    shutil.copytree(setup[0].parent / "build" / "kernels" / ARCH, out / ARCH, ignore=stage2)
     _run("manifest", "--out", str(out), "--stage1-only")
     return out
+
+
+@pytest.fixture(scope="module")
+def relowered(tmp_path_factory):
+    """The first variant of every op lowered again, here, in other processes (one an op, as many
+    at once as there are CPUs): the sample the determinism check compares (all of them twice
+    would double the lowering time of CI)."""
+    out = tmp_path_factory.mktemp("relowered")
+    first = {}
+    for v in VARIANTS:
+        first.setdefault(v.op, v.id)
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        lowered = list(pool.map(lambda i: _run("lower", i, "--out", str(out), check=False), first.values()))
+    assert all(r.returncode == 0 for r in lowered), [r.stderr[-2000:] for r in lowered if r.returncode]
+    return out, sorted(first.values())
 
 
 def test_there_are_ascend_variants():
@@ -47,16 +59,17 @@ def test_there_are_ascend_variants():
     assert all(v.backend == "cuda" for v in all_variants())
 
 
-def test_every_variant_lowers_deterministically(stage1, setup):
-    """This module's lowering and the wheel build's own (backends/ascend's CMake, harness.py), in
-    other processes and directories, give the same bytes."""
-    a, b = stage1 / ARCH, setup[0].parent / "build" / "kernels" / ARCH
+def test_every_variant_lowers_deterministically(stage1, relowered):
+    """Every variant's AscendC as C++ (the wheel build's lowering), and the same bytes again from
+    another process and directory for the first variant of each op."""
     for v in VARIANTS:
-        code = (a / f"{v.id}.asc").read_text()
+        code = (stage1 / ARCH / f"{v.id}.asc").read_text()
         assert 'extern "C" __global__ __vector__ void ' in code, v.id
-        assert code == (b / f"{v.id}.asc").read_text(), f"{v.id}: two lowerings differ"
         assert not re.search(r"&\(\(?-?[0-9]", code), f"{v.id}: takes the address of a literal (not C++)"
         assert str(ROOT) not in code
+    again, ids = relowered
+    for i in ids:
+        assert (again / ARCH / f"{i}.asc").read_text() == (stage1 / ARCH / f"{i}.asc").read_text(), f"{i}: two lowerings differ"
 
 
 def test_manifest_holds_every_variant_with_its_launch_facts(stage1):
@@ -72,7 +85,7 @@ def test_manifest_holds_every_variant_with_its_launch_facts(stage1):
         meta = kernels[v.id][ARCH]
         assert meta["backend"] == "ascend" and meta["arch"] == ARCH and meta["binary"] is None
         assert meta["block_dim"] == v.num_vec_cores
-        assert 0 < meta["ub_bytes"] <= 216 * 1024
+        assert 0 <= meta["ub_bytes"] <= 216 * 1024  # 0: SIMT threads on GM alone (engram_hash)
         assert meta["entry"] in (out / ARCH / f"{v.id}.asc").read_text()
         names = [p["name"] for p in meta["params"]]
         pointers = [p["name"] for p in meta["params"] if p["kind"] == "p"]

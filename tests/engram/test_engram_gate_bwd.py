@@ -106,5 +106,5 @@ def test_rejects_bad_arguments():
         bwd(g, x, kv, w, dot, gate, rx, rk, "1e-4")
     with pytest.raises(ValueError, match="kv must be"):
         bwd(g, x, kv[:, 1:], w, dot, gate, rx, rk, CLAMP)
-    with pytest.raises(ValueError, match="dot must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="dot must be on a CUDA device, an NPU or the CPU, got meta"):
         bwd(g, x, kv, w, dot.to("meta"), gate, rx, rk, CLAMP)

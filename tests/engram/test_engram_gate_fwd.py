@@ -91,7 +91,7 @@ def test_rejects_bad_arguments():
         gate(x, kv, w, EPS, CLAMP, image_token_mask=torch.zeros(5, dtype=torch.bool))
     with pytest.raises(TypeError, match="eps must be a float"):
         gate(x, kv, w, None, CLAMP)
-    with pytest.raises(ValueError, match="kv must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="kv must be on a CUDA device, an NPU or the CPU, got meta"):
         gate(x, kv.to("meta"), w, EPS, CLAMP)
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="kv must be on"):

@@ -72,13 +72,14 @@ def build(v: SwigluBackwardAscendVariant):
             ssr = T.alloc_shared((GROUPS,), sf_dtype)
             acts = T.alloc_shared((CHUNK,), g_dtype)
             part = T.alloc_shared((GROUPS,), "float32")
-            row = T.alloc_shared((8,), "float32")  # row[0]: e, row[1]: the row's sum of g * act
+            row = T.alloc_shared((8,), "float32")  # row[0]: e
+            rsum = T.alloc_shared((8,), "float32")  # rsum[0]: the row's sum of g * act (a 32-byte aligned DMA source)
             for r in T.serial(T.ceildiv(n - core, CORES)):
                 t = core + r * CORES
                 if has_weights != 0:
                     T.copy(E[t : t + 1], row[0:1])
                 with T.SimtVF(threads=1):
-                    row[1] = T.float32(0)
+                    rsum[0] = T.float32(0)
                 for step in T.serial(T.ceildiv(h, CHUNK)):
                     c0 = step * CHUNK
                     T.copy(X[t, c0 : c0 + CHUNK], ls)
@@ -131,14 +132,15 @@ def build(v: SwigluBackwardAscendVariant):
                                 amax_l = T.max(amax_l, T.abs(d_l))
                                 amax_r = T.max(amax_r, T.abs(d_r))
                             acts[k] = T.cast(T.if_then_else(has_weights != 0, act * row[0], act), g_dtype)
-                            wsum = wsum + gv * act
+                            if c0 + k < h:  # a column past the row's end holds stale UB
+                                wsum = wsum + gv * act
                         part[g] = wsum
                         if cast:
                             cast_group(vl, ql, ssl, g, amax_l, amax_clamp, v.sf_mode)
                             cast_group(vr, qr, ssr, g, amax_r, amax_clamp, v.sf_mode)
                     with T.SimtVF(threads=1):
                         for k in T.serial(GROUPS):
-                            row[1] = row[1] + part[k]
+                            rsum[0] = rsum[0] + part[k]
                     T.copy(dl, DX[t, c0 : c0 + CHUNK])
                     T.copy(dr, DX[t, h + c0 : h + c0 + CHUNK])
                     if cast:
@@ -149,6 +151,6 @@ def build(v: SwigluBackwardAscendVariant):
                     if with_act != 0:
                         T.copy(acts, ACT[t, c0 : c0 + CHUNK])
                 if has_weights != 0:
-                    T.copy(row[1:2], WS[t : t + 1])
+                    T.copy(rsum[0:1], WS[t : t + 1])
 
     return swiglu_backward_kernel

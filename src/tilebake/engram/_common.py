@@ -16,8 +16,8 @@ def check_tensor(t, name: str, dtypes: tuple, dims: int | None = None) -> None:
         raise TypeError(f"{name} must be {allowed}, got {t.dtype}")
     if dims is not None and t.dim() != dims:
         raise ValueError(f"{name} must have {dims} dims, got shape {tuple(t.shape)}")
-    if t.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if t.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {t.device}")
 
 
 def check_same_device(name: str, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:

@@ -18,7 +18,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.engram._common import MAX_HC, check_same_device, check_tensor, dense
 from tilebake.engram.engram_gate_fwd import (
     HIDDEN_CLASSES,
@@ -52,6 +52,34 @@ class EngramGateBwdVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls("bf16", h) for h in HIDDEN_CLASSES)
+
+
+# The Ascend kernel's longest row (its unified buffer holds seven rows of a head).
+ASCEND_MAX_HIDDEN = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramGateBwdAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/engram/engram_gate_bwd.py): a token a step of a
+    vector core, its heads in order; grad_w_partial a row a core."""
+
+    family = "engram"
+    op = "engram_gate_bwd"
+    backend = "ascend"
+    PARAMS = (
+        ptr("G", "X", "K", "V", "W", "DOT", "GATE", "RSTD_X", "RSTD_K", "MASK", "DX", "DK", "DV", "P")
+        + f32("clamp_value")
+        + i32("num_tokens", "hc", "hidden", "has_mask")
+        + row_params("g", "x", "k", "dx", "dk")
+        + i32("v_token_stride", "dv_token_stride")
+    )
+
+    max_hidden: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(ASCEND_MAX_HIDDEN, cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(EngramGateBwdVariant)
@@ -186,6 +214,10 @@ def _backward(grad_out, x, k, v, w, saved, clamp_value, mask, dk, dv):
         x.is_cuda and num_tokens > 0 and hidden % 8 == 0 and hidden <= MAX_HIDDEN
         and kernel_rows(grad_out, x, k, v, dk, dv)
     )  # fmt: skip
+    if x.device.type == "npu" and num_tokens > 0 and hidden <= ASCEND_MAX_HIDDEN:  # the Ascend kernel
+        from tilebake.engram._engram_ascend import gate_backward_npu
+
+        return gate_backward_npu(grad_out, x, k, v, w, saved, clamp_value, mask, dk, dv)
     if not use_kernel:
         from tilebake.torch.engram import engram_gate_bwd_ref
 

@@ -21,7 +21,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.engram._common import MAX_HC, check_same_device, check_tensor, dense
 
 # The kernels keep a head's row in registers: one variant per row length class (the smallest
@@ -68,6 +68,30 @@ class EngramGateFwdVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls("bf16", h) for h in HIDDEN_CLASSES)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramGateFwdAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/engram/engram_gate_fwd.py): a (token, head) row a
+    step of a vector core, rows up to max_hidden."""
+
+    family = "engram"
+    op = "engram_gate_fwd"
+    backend = "ascend"
+    PARAMS = (
+        ptr("X", "K", "V", "W", "MASK", "OUT", "DOT", "GATE", "RSTD_X", "RSTD_K")
+        + f32("eps", "clamp_value")
+        + i32("num_tokens", "hc", "hidden", "has_mask", "save")
+        + row_params("x", "k", "out")
+        + i32("v_token_stride")
+    )
+
+    max_hidden: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(MAX_HIDDEN, cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(EngramGateFwdVariant)
@@ -245,6 +269,10 @@ def _forward(hidden_states, k, v, weight_fused, eps, clamp_value, image_token_ma
         hidden_states.is_cuda and num_tokens > 0 and hidden % 8 == 0 and hidden <= MAX_HIDDEN
         and kernel_rows(hidden_states, k, v)
     )  # fmt: skip
+    if hidden_states.device.type == "npu" and num_tokens > 0 and hidden <= MAX_HIDDEN:  # the Ascend kernel
+        from tilebake.engram._engram_ascend import gate_forward_npu
+
+        return gate_forward_npu(hidden_states, k, v, weight_fused, eps, clamp_value, image_token_mask, save, inplace)
     if not use_kernel:
         from tilebake.torch.engram import engram_gate_fwd_ref
 

@@ -14,7 +14,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, dense
 
 
@@ -31,6 +31,22 @@ class EngramHashVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("int32"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramHashAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/engram/engram_hash.py): a SIMT thread an item."""
+
+    family = "engram"
+    op = "engram_hash"
+    backend = "ascend"
+    PARAMS = EngramHashVariant.PARAMS
+
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(EngramHashVariant)
@@ -100,6 +116,10 @@ def engram_hash(
     _check(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
+    if ngram_token_ids.device.type == "npu":  # the Ascend kernel
+        from tilebake.engram._engram_ascend import engram_hash_npu
+
+        return engram_hash_npu(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask)
     if not ngram_token_ids.is_cuda:
         from tilebake.torch.engram import engram_hash_ref
 

@@ -13,7 +13,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.engram._common import check_weight_pair, dense
 
 
@@ -28,6 +28,22 @@ class FusedWeightVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("bf16"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedWeightAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/engram/fused_weight.py)."""
+
+    family = "engram"
+    op = "fused_weight"
+    backend = "ascend"
+    PARAMS = FusedWeightVariant.PARAMS
+
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(FusedWeightVariant)
@@ -48,6 +64,10 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     check_weight_pair(weight_hidden, weight_embed)
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.fused_weight(weight_hidden, weight_embed)
+    if weight_hidden.device.type == "npu":  # the Ascend kernel
+        from tilebake.engram._engram_ascend import fused_weight_npu
+
+        return fused_weight_npu(weight_hidden, weight_embed)
     if not weight_hidden.is_cuda:
         from tilebake.torch.engram import fused_weight_ref
 

@@ -13,7 +13,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, check_weight_pair, dense
 
 
@@ -28,6 +28,22 @@ class GradWReduceVariant(Variant):
     @classmethod
     def all(cls):
         return (cls("bf16"),)
+
+
+@dataclasses.dataclass(frozen=True)
+class GradWReduceAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/engram/grad_w_reduce.py): the reference's order."""
+
+    family = "engram"
+    op = "grad_w_reduce"
+    backend = "ascend"
+    PARAMS = GradWReduceVariant.PARAMS
+
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(GradWReduceVariant)
@@ -62,6 +78,11 @@ def grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidde
     if torch.compiler.is_compiling():
         torch.ops.tilebake.grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
                                          grad_weight_embed)  # fmt: skip
+        return
+    if weight_hidden.device.type == "npu":  # the Ascend kernel
+        from tilebake.engram._engram_ascend import grad_w_reduce_npu
+
+        grad_w_reduce_npu(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
         return
     numel = weight_hidden.numel()
     if not weight_hidden.is_cuda or numel % 4:

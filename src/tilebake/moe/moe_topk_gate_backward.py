@@ -16,7 +16,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.moe.topk_gate import MAX_TOPK, check_scores
 
 # Experts a row may have, by variant. Up to 1024 (the fast variants) a token's warp holds the row,
@@ -45,6 +45,24 @@ class MoeTopkGateBackwardVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls(m) for m in MAX_EXPERTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeTopkGateBackwardAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/moe/moe_topk_gate_backward.py): every scoring
+    function and option at run time, up to max_experts experts."""
+
+    family = "moe"
+    op = "moe_topk_gate_backward"
+    backend = "ascend"
+    PARAMS = MoeTopkGateBackwardVariant.PARAMS
+
+    max_experts: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(MAX_EXPERTS[-1], cores) for cores in ASCEND_VEC_CORES)
 
 
 _KERNELS = KernelTable(MoeTopkGateBackwardVariant)
@@ -206,7 +224,15 @@ _PLANS = plan.cache()
 def _backward(
     scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask, grad_scores_sum, out
 ):
-    """grad_logits of checked arguments (into `out` if given)."""
+    """grad_logits of checked arguments (into `out` if given): the reference on the CPU, the
+    Ascend kernel on an NPU, else the CUDA kernel."""
+    if scores.device.type == "npu":
+        from tilebake.moe._moe_topk_gate_ascend import backward_npu
+
+        return backward_npu(
+            scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
+            grad_scores_sum, out,
+        )  # fmt: skip
     if not scores.is_cuda:
         from tilebake.torch.moe import moe_topk_gate_backward_ref
 

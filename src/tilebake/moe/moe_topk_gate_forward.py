@@ -14,7 +14,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.moe._router import MAX_EXPERTS, SCORING_FUNCS, check_gate_args
 
 __all__ = ["moe_topk_gate", "moe_topk_gate_forward"]
@@ -51,6 +51,27 @@ class MoeTopkGateForwardVariant(Variant):
     @classmethod
     def all(cls):
         return tuple(cls(f, n) for f in SCORING_FUNCS for n in EXPERT_BOUNDS)
+
+
+SCORING_CODES = {f: i for i, f in enumerate(SCORING_FUNCS)}  # the Ascend kernel's `func` argument
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeTopkGateForwardAscendVariant(Variant):
+    """The Ascend 950 kernel (kernels_tl/ascend/moe/moe_topk_gate_forward.py): every scoring
+    function (`func`, SCORING_CODES), option and expert count up to max_experts at run time."""
+
+    family = "moe"
+    op = "moe_topk_gate_forward"
+    backend = "ascend"
+    PARAMS = MoeTopkGateForwardVariant.PARAMS + i32("func")
+
+    max_experts: int
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(MAX_EXPERTS, cores) for cores in ASCEND_VEC_CORES)
 
 
 def expert_bound(num_experts: int) -> int:
@@ -195,8 +216,17 @@ def _forward(
     bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx,
     force_random, out, scores, num_groups, num_topk_groups, num_tokens, num_experts, k, shared, kernels=None,
 ):  # fmt: skip
-    """The eager path of checked arguments: the reference on the CPU, else the kernel. `kernels`:
+    """The eager path of checked arguments: the reference on the CPU, the Ascend kernel on an NPU,
+    else the CUDA kernel. `kernels`:
     a stand-in for the kernel table (tests/moe/test_moe_topk_gate_forward_emulated.py)."""
+    if kernels is None and logits.device.type == "npu":  # the Ascend kernel
+        from tilebake.moe._moe_topk_gate_ascend import forward_npu
+
+        return forward_npu(
+            logits, k, shared, routed_scaling_factor, ep_rank, scoring_func, mask, bias, image_bias,
+            image_token_mask, fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx, force_random, out,
+            scores, num_groups, num_topk_groups,
+        )  # fmt: skip
     if kernels is None and not logits.is_cuda:
         from tilebake.torch.gate import moe_topk_gate_forward_ref
 
