@@ -15,11 +15,13 @@ import tilebake
 from tests.ascend.emulator import Emulator, assert_in_bounds, tensors_of
 from tilebake.moe import _normalize_weight_ascend, _topk_gate_ascend
 from tilebake.quant import (
+    _batched_transpose_weight_sf_ascend,
     _cast_ascend,
     _cast_back_ascend,
     _norm_backward_ascend,
     _norm_forward_ascend,
     _per_block_cast_ascend,
+    _per_block_cast_lossless_ascend,
     _per_channel_cast_ascend,
     _per_token_cast_ascend,
     _swiglu_backward_ascend,
@@ -46,7 +48,8 @@ def emu(emulator, monkeypatch):
     emulator.install(
         monkeypatch, _topk_gate_ascend, _normalize_weight_ascend, _per_token_cast_ascend, _per_block_cast_ascend,
         _cast_back_ascend, _cast_ascend, _norm_forward_ascend, _per_channel_cast_ascend, _apply_rotary_ascend,
-        _swiglu_forward_ascend, _swiglu_backward_ascend, _norm_backward_ascend,
+        _swiglu_forward_ascend, _swiglu_backward_ascend, _norm_backward_ascend, _per_block_cast_lossless_ascend,
+        _batched_transpose_weight_sf_ascend,
     )  # fmt: skip
     emulator.launches.clear()
     return emulator
@@ -275,3 +278,42 @@ def test_swiglu_backward_and_per_token_cast(emu, grad_dtype, weights):
     assert_e4m3_close(q, quantized[0])
     if weights:
         torch.testing.assert_close(wg, want[-1], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("tokens, hidden", [(1, 256), (70, 768)])
+def test_per_block_cast_lossless(emu, packed, tokens, hidden):
+    rows = torch.randn(tokens, hidden) * torch.exp2(torch.randint(-4, 4, (tokens, 1)).float())  # within 2^11 a block
+    x = tilebake.quant.per_token_cast(rows, "e2m1", 32, round_sf=True)
+    data, sf = _per_block_cast_lossless_ascend.per_block_cast_lossless(x[0], x[1], (1, 32), (32, 32), False, packed,
+                                                                       True)  # fmt: skip
+    want = tilebake.quant.per_block_cast_lossless(x, "e4m3", (1, 32), (32, 32), use_packed_ue8m0=packed)
+    assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(sf, want[1].view(torch.int16).reshape(sf.shape) if packed else want[1])
+
+
+def _ue8m0_bytes(t: torch.Tensor, per: int, along_rows: bool, count: int) -> torch.Tensor:
+    """The UE8M0 bytes of a packed SF matrix (`per` to an element, packed along its columns, or
+    its rows with along_rows), the packed dim unfolded to `count` entries."""
+    t = t.to(torch.int64) & ((1 << (8 * per)) - 1)
+    if along_rows:
+        return _ue8m0_bytes(t.T, per, False, count).T
+    k = torch.arange(count)
+    return (t[:, k // per] >> (8 * (k % per))) & 0xFF
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (2, 4, 6)])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_batched_transpose_weight_sf(emu, shape, transpose):
+    """Against the CUDA layout (four UE8M0 bytes an int32) byte by byte: the Ascend one packs two
+    an int16."""
+    s = torch.exp2(torch.randint(-20, 20, shape).float())
+    (sf0, sf1), = _batched_transpose_weight_sf_ascend.batched_transpose_weight_sf([s], 32, [transpose])
+    (w0, w1), = tilebake.quant.batched_transpose_weight_sf([s], 32, [transpose])
+    nb, kb = shape[-2:]
+    for g in range(s.shape[0] if s.dim() == 3 else 1):
+        pick = (lambda t: t[g]) if s.dim() == 3 else (lambda t: t)
+        assert torch.equal(_ue8m0_bytes(pick(sf0), 2, False, kb), _ue8m0_bytes(pick(w0), 4, False, kb))
+        rows = transpose  # sf1 (n packed, k * 32) as given, or its transposed view
+        a1, b1 = (pick(t) if rows else pick(t).T for t in (sf1, w1))
+        assert torch.equal(_ue8m0_bytes(a1, 2, True, nb), _ue8m0_bytes(b1, 4, True, nb))

@@ -51,7 +51,9 @@ def build(v: BatchedTransposeWeightSfAscendVariant):
         BAD: T.Tensor((CORES,), "int32"),
     ):
         with T.Kernel(CORES) as core:
-            tile = T.alloc_shared((R, 2) if along_k else (2, R), "float32")
+            # along k: R rows of 2 scales, each row 32 bytes apart in the unified buffer (a multi-row
+            # DMA's UB row pitch must be a multiple of 32 bytes)
+            tile = T.alloc_shared((R, 8) if along_k else (2, R), "float32")
             ob = T.alloc_shared((R * BS * 2,), "uint8")
             flag = T.alloc_shared((8,), "int32")
             with T.SimtVF(threads=8):
@@ -63,7 +65,7 @@ def build(v: BatchedTransposeWeightSfAscendVariant):
                 w = row % words
                 for c in T.serial(T.ceildiv(length, R)):
                     if along_k:
-                        T.copy(SF[g, c * R : c * R + R, 2 * w : 2 * w + 2], tile)
+                        T.copy(SF[g, c * R : c * R + R, 2 * w : 2 * w + 2], tile[0:R, 0:2])
                     else:
                         T.copy(SF[g, 2 * w : 2 * w + 2, c * R : c * R + R], tile)
                     with T.SimtVF(threads=R):

@@ -66,7 +66,10 @@ inline void asc_emu_check_ub(const uint8_t *p, int64_t bytes) {
   if (at % 32) asc_emu_fail("UB address not 32-byte aligned", at, 32);
 }
 
-// rows of `len` bytes, GM pitch src_stride, UB pitch dst_stride (bytes)
+// rows of `len` bytes, GM pitch src_stride, UB pitch dst_stride (bytes): how tilelang 0.1.15's
+// code generator uses the two last arguments (the CANN 3510 page calls them src_gap / dst_gap, the
+// gap between blocks, dst_gap in 32-byte units; not verified on hardware). Either way a multi-row
+// copy's UB rows must sit 32 bytes apart, which is checked.
 inline void asc_copy_gm2ub_align(uint8_t *dst, uint8_t *src, uint32_t rows, uint32_t len, uint32_t left_pad,
                                  uint32_t right_pad, uint32_t const_pad, asc_load_l2_cache_mode, uint64_t src_stride,
                                  uint32_t dst_stride) {
@@ -147,6 +150,12 @@ struct fp8_e4_t {
 };
 
 namespace tl {
+namespace limits {  // tilelang's tl_templates/ascend/numeric_limits.h, the fp32 ones
+inline constexpr float kFloatInf = __builtin_inff();
+inline constexpr float kFloatNInf = -__builtin_inff();
+inline const float kFloatNaN = __builtin_nanf("");
+}  // namespace limits
+
 // OCP e4m3fn: round to nearest even, saturating to +-448 (SATFINITE), NaN -> 0x7f.
 struct float_e4m3_t {
   uint8_t data;
