@@ -41,13 +41,14 @@ def stage1(setup, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def relowered(tmp_path_factory):
-    """The first variant of every op lowered again, here, in other processes (one an op, as many
-    at once as there are CPUs): the sample the determinism check compares (all of them twice
-    would double the lowering time of CI)."""
+    """The first variant of every third op (by name) lowered again, here, in other processes (one
+    an op, as many at once as there are CPUs): the sample the determinism check compares (all of
+    them twice would double the lowering time of CI)."""
     out = tmp_path_factory.mktemp("relowered")
     first = {}
     for v in VARIANTS:
         first.setdefault(v.op, v.id)
+    first = dict(sorted(first.items())[::3])  # every third op: the families' kernels, a third of the time
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         lowered = list(pool.map(lambda i: _run("lower", i, "--out", str(out), check=False), first.values()))
     assert all(r.returncode == 0 for r in lowered), [r.stderr[-2000:] for r in lowered if r.returncode]
@@ -61,7 +62,7 @@ def test_there_are_ascend_variants():
 
 def test_every_variant_lowers_deterministically(stage1, relowered):
     """Every variant's AscendC as C++ (the wheel build's lowering), and the same bytes again from
-    another process and directory for the first variant of each op."""
+    another process and directory for the sample."""
     for v in VARIANTS:
         code = (stage1 / ARCH / f"{v.id}.asc").read_text()
         assert 'extern "C" __global__ __vector__ void ' in code, v.id

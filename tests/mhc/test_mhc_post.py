@@ -86,13 +86,13 @@ def test_rejects_tensors_on_other_devices():
     on the CPU-only CI host; tests/mhc run on the GPU for cuda:0 against the CPU)."""
     x, residual, post, comb = inputs((5,), 4, 256, "cpu")
     meta = torch.empty(5, 4, 4, device="meta")
-    with pytest.raises(ValueError, match="comb_res_mix must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="comb_res_mix must be on a CUDA device, an NPU or the CPU, got meta"):
         tilebake.mhc.mhc_post_fwd(x, residual, post, meta)
-    with pytest.raises(ValueError, match="o must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="o must be on a CUDA device, an NPU or the CPU, got meta"):
         tilebake.mhc.expand_to_mhc_fwd(x, torch.empty(5, 4, 256, dtype=torch.bfloat16, device="meta"))
-    with pytest.raises(ValueError, match="mix must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="mix must be on a CUDA device, an NPU or the CPU, got meta"):
         tilebake.mhc.mhc_pre_apply_mix_fwd(residual, torch.empty(5, 4, device="meta"))
-    with pytest.raises(ValueError, match="d_o must be on a CUDA device or the CPU, got meta"):
+    with pytest.raises(ValueError, match="d_o must be on a CUDA device, an NPU or the CPU, got meta"):
         tilebake.mhc.mhc_post_bwd(x, residual, post, comb, torch.empty(5, 4, 256, dtype=torch.bfloat16, device="meta"))
 
 

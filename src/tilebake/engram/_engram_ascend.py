@@ -79,7 +79,7 @@ def gate_backward_npu(grad_out, x, k, v, w, saved, clamp_value, mask, dk, dv):
     dk_out = dk if dk.stride(-1) == 1 or hidden == 1 else torch.empty_like(dk, memory_format=torch.contiguous_format)
     dv_out = dv if dv.stride(-1) == 1 or hidden == 1 else torch.empty_like(dv, memory_format=torch.contiguous_format)
     index, kernel = _GATE_BWD.on(x, ASCEND_MAX_HIDDEN)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = x.new_empty(x.shape)
     partial = x.new_zeros((kernel.variant.num_vec_cores, hc, hidden), dtype=torch.float32)
     w = w.contiguous()
     saved = {name: t.contiguous() for name, t in saved.items()}

@@ -127,7 +127,7 @@ def engram_gate_bwd(
             if result is not NotImplemented:
                 return result
     num_tokens, hc, hidden = check_gate_inputs(hidden_states, kv, image_token_mask)
-    grad_kv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
+    grad_kv = kv.new_empty(kv.shape)
     dx, partial = gate_backward(grad_out, hidden_states, kv[:, :hc], kv[:, hc], weight_fused, dot, gate_score,
                                 rstd_x, rstd_k, clamp_value, image_token_mask, grad_kv[:, :hc], grad_kv[:, hc])  # fmt: skip
     if hidden_states.is_cuda and hidden % 8 == 0 and hidden <= MAX_HIDDEN and not torch.compiler.is_compiling():

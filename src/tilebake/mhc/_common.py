@@ -19,8 +19,8 @@ def check_streams(t, name: str, dtype: torch.dtype, min_dims: int) -> None:
         raise TypeError(f"{name} must be {str(dtype).replace('torch.', '')}, got {t.dtype}")
     if t.dim() < min_dims:
         raise ValueError(f"{name} must have at least {min_dims} dims, got shape {tuple(t.shape)}")
-    if t.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {t.device}")
+    if t.device.type not in ("cuda", "cpu", "npu"):
+        raise ValueError(f"{name} must be on a CUDA device, an NPU or the CPU, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
 

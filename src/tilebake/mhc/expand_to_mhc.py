@@ -15,7 +15,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.mhc import _plans
 from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
 
@@ -35,6 +35,24 @@ class ExpandToMhcVariant(Variant):
 
     def params(self):
         return (ptr("X", "O") if self.direction == "fwd" else ptr("OG", "XG")) + _SIZES
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpandToMhcAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/expand_to_mhc.py): m and every size at run time."""
+
+    family = "mhc"
+    op = "expand_to_mhc"
+    backend = "ascend"
+
+    direction: str  # 'fwd' | 'bwd'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
+
+    params = ExpandToMhcVariant.params
 
 
 _KERNELS = KernelTable(ExpandToMhcVariant)
@@ -65,6 +83,12 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         torch.ops.tilebake.expand_to_mhc_fwd(x, o)
         return o
     if o.numel() == 0:
+        return o
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("expand_to_mhc", "fwd", x, x.data_ptr(), o.data_ptr(), x.numel() // hidden, mhc_mult, hidden)
+        plan.bump(o)
         return o
     if not x.is_cuda:
         from tilebake.torch.mhc import expand_to_mhc_ref
@@ -107,6 +131,14 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: Optional[torch.Tensor] = Non
         check_streams(x_grad, "x_grad", torch.bfloat16, 1)
         check_shape(x_grad, "x_grad", shape, o_grad, "o_grad")
     if x_grad.numel() == 0:
+        return x_grad
+    if o_grad.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("expand_to_mhc", "bwd", o_grad, o_grad.data_ptr(), x_grad.data_ptr(), x_grad.numel() // hidden,
+               mhc_mult, hidden)  # fmt: skip
+        if given is not None:
+            plan.bump(x_grad)
         return x_grad
     if not o_grad.is_cuda:
         from tilebake.torch.mhc import expand_to_mhc_bwd_ref

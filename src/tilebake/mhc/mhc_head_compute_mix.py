@@ -18,7 +18,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
 from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_int, check_shape, check_streams
 
@@ -38,6 +38,24 @@ class MhcHeadComputeMixVariant(Variant):
         if self.direction == "fwd":
             return ptr("X", "SCALE", "BASE", "OUT") + i32("num_tokens", "mhc_mult") + f32("pre_eps")
         return ptr("G", "X", "SCALE", "BASE", "XG", "SP", "BP") + i32("num_tokens", "mhc_mult", "num_partials")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcHeadComputeMixAscendVariant(Variant):
+    """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_head_compute_mix.py); the backward runs the reference."""
+
+    family = "mhc"
+    op = "mhc_head_compute_mix"
+    backend = "ascend"
+
+    direction: str
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ('fwd',) for cores in ASCEND_VEC_CORES)
+
+    params = MhcHeadComputeMixVariant.params
 
 
 _KERNELS = KernelTable(MhcHeadComputeMixVariant)
@@ -89,6 +107,13 @@ def mhc_head_compute_mix_fwd(input_mix, mhc_scale, mhc_base, output_mix: Optiona
         check_streams(out, "output_mix", torch.float32, 1)
         check_shape(out, "output_mix", input_mix.shape, input_mix, "input_mix")
     if num_tokens == 0:
+        return out
+    if input_mix.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_head_compute_mix", "fwd", input_mix, input_mix.data_ptr(), mhc_scale.data_ptr(),
+               mhc_base.data_ptr(), out.data_ptr(), num_tokens, m, eps)  # fmt: skip
+        plan.bump(output_mix)
         return out
     if not input_mix.is_cuda:
         from tilebake.torch.mhc import mhc_head_compute_mix_ref

@@ -18,7 +18,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.mhc import _plans
 from tilebake.mhc._common import MAX_MHC_MULT, check_aligned, check_mult_and_hidden, check_shape, check_streams
 
@@ -45,6 +45,24 @@ class MhcPostVariant(Variant):
         if self.direction == "fwd":
             return ptr("X", "R", "POST", "COMB", "OUT") + _SIZES
         return ptr("X", "R", "POST", "COMB", "DO", "DX", "DR", "DPOST", "DCOMB") + _SIZES
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPostAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_post.py): m and every size at run time."""
+
+    family = "mhc"
+    op = "mhc_post"
+    backend = "ascend"
+
+    direction: str  # 'fwd' | 'bwd'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
+
+    params = MhcPostVariant.params
 
 
 MAX_MULTS = (4, MAX_MHC_MULT)
@@ -117,6 +135,13 @@ def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out: Optional[torch.
         check_shape(out, "out", residual.shape, x, "x")
     if out.numel() == 0:
         return out
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_post", "fwd", x, x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(),
+               comb_res_mix.data_ptr(), out.data_ptr(), num_tokens, mhc_mult, hidden)  # fmt: skip
+        plan.bump(out)
+        return out
     if not x.is_cuda:
         from tilebake.torch.mhc import mhc_post_ref
 
@@ -158,6 +183,13 @@ def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o):
     d_x, d_residual = torch.empty_like(x), torch.empty_like(residual)
     d_post, d_comb = torch.empty_like(post_layer_mix), torch.empty_like(comb_res_mix)
     if num_tokens == 0:
+        return d_x, d_residual, d_post, d_comb
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_post", "bwd", x, x.data_ptr(), residual.data_ptr(), post_layer_mix.data_ptr(),
+               comb_res_mix.data_ptr(), d_o.data_ptr(), d_x.data_ptr(), d_residual.data_ptr(), d_post.data_ptr(),
+               d_comb.data_ptr(), num_tokens, mhc_mult, hidden)  # fmt: skip
         return d_x, d_residual, d_post, d_comb
     if not x.is_cuda:
         from tilebake.torch.mhc import mhc_post_bwd_ref

@@ -19,7 +19,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
 from tilebake.mhc import _plans
 from tilebake.mhc._common import MAX_MHC_MULT, VEC, check_aligned, check_mult_and_hidden, check_shape, check_streams
 
@@ -54,6 +54,24 @@ class MhcPreApplyMixVariant(Variant):
         if self.direction == "fwd":
             return ptr("X", "MIX", "O") + _SIZES
         return ptr("OG", "X", "MIX", "XG", "MG") + _SIZES + i32("has_x_grad")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPreApplyMixAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_apply_mix.py): m and every size at run time."""
+
+    family = "mhc"
+    op = "mhc_pre_apply_mix"
+    backend = "ascend"
+
+    direction: str  # 'fwd' | 'bwd'
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
+
+    params = MhcPreApplyMixVariant.params
 
 
 _KERNELS = KernelTable(MhcPreApplyMixVariant)
@@ -107,6 +125,13 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
         check_shape(o, "o", shape, x, "x")
     if o.numel() == 0:
         return o
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_pre_apply_mix", "fwd", x, x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult,
+               hidden)  # fmt: skip
+        plan.bump(o)
+        return o
     if not x.is_cuda:
         from tilebake.torch.mhc import mhc_pre_apply_mix_ref
 
@@ -147,6 +172,15 @@ def mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad: Optional[torch.Tensor] = None)
         return torch.ops.tilebake.mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad)
     mix_grad = torch.empty_like(mix)
     if num_tokens == 0:
+        return mix_grad
+    if x.device.type == "npu":  # the Ascend kernel (an absent x_grad: x's address, never read or written)
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_pre_apply_mix", "bwd", x, o_grad.data_ptr(), x.data_ptr(), mix.data_ptr(),
+               (x if x_grad is None else x_grad).data_ptr(), mix_grad.data_ptr(), num_tokens, mhc_mult, hidden,
+               int(x_grad is not None))  # fmt: skip
+        if x_grad is not None:
+            plan.bump(x_grad)
         return mix_grad
     if not x.is_cuda:
         from tilebake.torch.mhc import mhc_pre_apply_mix_bwd_ref

@@ -18,7 +18,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
 from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_shape, check_streams, ndim_or_none
 
@@ -47,6 +47,24 @@ class MhcPreSplitMixesVariant(Variant):
                 "num_tokens", "mhc_mult", "mix_cols", "num_partials", "num_cols"
             ) + f32("post_mult")  # fmt: skip
         return ptr("PART", "SG", "BG") + i32("num_partials", "num_cols", "mix_cols")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPreSplitMixesAscendVariant(Variant):
+    """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py); the backward runs the reference."""
+
+    family = "mhc"
+    op = "mhc_pre_split_mixes"
+    backend = "ascend"
+
+    direction: str
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ('fwd',) for cores in ASCEND_VEC_CORES)
+
+    params = MhcPreSplitMixesVariant.params
 
 
 _KERNELS = KernelTable(MhcPreSplitMixesVariant)
@@ -125,6 +143,14 @@ def mhc_pre_split_mixes_fwd(input_mixes, mhc_scale, mhc_base, pre_layer_mix: Opt
         outs.append(t)
     pre, post, comb = outs
     if num_tokens == 0:
+        return pre, post, comb
+    if input_mixes.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_pre_split_mixes", "fwd", input_mixes, input_mixes.data_ptr(), mhc_scale.data_ptr(),
+               mhc_base.data_ptr(), pre.data_ptr(), post.data_ptr(), comb.data_ptr(), num_tokens, m, m * (m + 2),
+               post_mult, eps)  # fmt: skip
+        plan.bump(pre_layer_mix, post_layer_mix, comb_res_mix)
         return pre, post, comb
     if not input_mixes.is_cuda:
         from tilebake.torch.mhc import mhc_pre_split_mixes_ref

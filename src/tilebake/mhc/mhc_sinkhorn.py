@@ -18,7 +18,7 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
 from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_int, check_shape, check_streams
 
@@ -44,6 +44,24 @@ class MhcSinkhornVariant(Variant):
     def params(self):
         tensors = ptr("X", "OUT") if self.direction == "fwd" else ptr("G", "X", "GI")
         return tensors + i32("num_tokens", "mhc_mult", "repeat") + f32("eps")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcSinkhornAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_sinkhorn.py): a SIMT thread a token."""
+
+    family = "mhc"
+    op = "mhc_sinkhorn"
+    backend = "ascend"
+
+    direction: str
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in ('fwd', 'bwd') for cores in ASCEND_VEC_CORES)
+
+    params = MhcSinkhornVariant.params
 
 
 _KERNELS = KernelTable(MhcSinkhornVariant)
@@ -101,6 +119,12 @@ def mhc_sinkhorn_fwd(comb_res_mix: torch.Tensor, comb_res_mix_out: Optional[torc
         check_shape(out, "comb_res_mix_out", x.shape, x, "comb_res_mix")
     if num_tokens == 0:
         return out
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_sinkhorn", "fwd", x, x.data_ptr(), out.data_ptr(), num_tokens, mhc_mult, repeat_, eps_)
+        plan.bump(comb_res_mix_out)
+        return out
     if not x.is_cuda:
         from tilebake.torch.mhc import sinkhorn_ordered_ref
 
@@ -140,6 +164,13 @@ def mhc_sinkhorn_bwd(grad_output: torch.Tensor, x: torch.Tensor, grad_input: Opt
         check_streams(out, "grad_input", torch.float32, 2)
         check_shape(out, "grad_input", x.shape, x, "x")
     if num_tokens == 0:
+        return out
+    if x.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_sinkhorn", "bwd", x, grad_output.data_ptr(), x.data_ptr(), out.data_ptr(), num_tokens, mhc_mult,
+               repeat_, eps_)  # fmt: skip
+        plan.bump(grad_input)
         return out
     if not x.is_cuda:
         from tilebake.torch.mhc import sinkhorn_bwd_ordered_ref

@@ -1,0 +1,119 @@
+"""The mhc ops' Ascend kernels run on the CPU (emulator.py), launched as the ops' NPU branches
+launch them (tilebake.mhc._mhc_ascend.launch with the CUDA kernels' arguments), against the
+references (tilebake.torch.mhc): expand_to_mhc both ways and the forwards of mhc_post (fmaf is
+glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 oracles'
+tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
+within the original's tolerances (the exponential is glibc's here, torch's in the references). m = 1 .. 8, hidden sizes that are not a
+multiple of the 1024-column chunk, 1 token. A model, not an NPU: nothing here ran on one."""
+
+import pytest
+import torch
+
+from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
+from tilebake.mhc import _mhc_ascend
+from tilebake.torch.mhc import (
+    expand_to_mhc_bwd_ref,
+    expand_to_mhc_ref,
+    mhc_head_compute_mix_ref,
+    mhc_post_bwd_ref,
+    mhc_post_ref,
+    mhc_pre_apply_mix_bwd_ref,
+    mhc_pre_apply_mix_ref,
+    mhc_pre_split_mixes_ref,
+    sinkhorn_bwd_ordered_ref,
+    sinkhorn_ordered_ref,
+)
+
+pytest.importorskip("tilelang")
+SHAPES = [(1, 1, 8), (37, 4, 1000), (5, 8, 2304), (3, 2, 7168)]
+
+
+@pytest.fixture
+def emu(emulator, monkeypatch):  # noqa: F811
+    emulator.install(monkeypatch, _mhc_ascend)
+    return emulator
+
+
+def bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("tokens, m, hidden", SHAPES)
+def test_expand_to_mhc(emu, tokens, m, hidden):
+    x = bf16(tokens, hidden)
+    o = torch.full((tokens, m, hidden), float("nan")).to(torch.bfloat16)
+    _mhc_ascend.launch("expand_to_mhc", "fwd", x, x.data_ptr(), o.data_ptr(), tokens, m, hidden)
+    assert torch.equal(o, expand_to_mhc_ref(x, m))
+    g = bf16(tokens, m, hidden)
+    xg = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    _mhc_ascend.launch("expand_to_mhc", "bwd", g, g.data_ptr(), xg.data_ptr(), tokens, m, hidden)
+    assert torch.equal(xg, expand_to_mhc_bwd_ref(g))
+
+
+@pytest.mark.parametrize("tokens, m, hidden", SHAPES)
+def test_mhc_post(emu, tokens, m, hidden):
+    x, res = bf16(tokens, hidden), bf16(tokens, m, hidden)
+    post, comb = torch.rand(tokens, m, 1) * 2, torch.rand(tokens, m, m)
+    out = torch.empty(tokens, m, hidden, dtype=torch.bfloat16)
+    ptrs = (x.data_ptr(), res.data_ptr(), post.data_ptr(), comb.data_ptr())
+    _mhc_ascend.launch("mhc_post", "fwd", x, *ptrs, out.data_ptr(), tokens, m, hidden)
+    assert torch.equal(out, mhc_post_ref(x, res, post, comb))
+    d_o = bf16(tokens, m, hidden)
+    grads = (torch.empty_like(x), torch.empty_like(res), torch.empty_like(post), torch.empty_like(comb))
+    _mhc_ascend.launch("mhc_post", "bwd", x, *ptrs, d_o.data_ptr(), *(t.data_ptr() for t in grads), tokens, m, hidden)
+    for got, ref in zip(grads, mhc_post_bwd_ref(x, res, post, comb, d_o)):
+        # bf16 gradients: one rounding of an fp32 sum; fp32 column sums: 1e-5 of their scale
+        tol = {"rtol": 8e-3, "atol": 1e-2} if got.dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-4}
+        torch.testing.assert_close(got, ref.to(got.dtype), **tol)
+
+
+@pytest.mark.parametrize("tokens, m, hidden", SHAPES)
+@pytest.mark.parametrize("with_x_grad", [False, True])
+def test_mhc_pre_apply_mix(emu, tokens, m, hidden, with_x_grad):
+    x, mix = bf16(tokens, m, hidden), torch.rand(tokens, m)
+    o = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    _mhc_ascend.launch("mhc_pre_apply_mix", "fwd", x, x.data_ptr(), mix.data_ptr(), o.data_ptr(), tokens, m, hidden)
+    assert torch.equal(o, mhc_pre_apply_mix_ref(x, mix))
+    og = bf16(tokens, hidden)
+    x_grad = bf16(tokens, m, hidden) if with_x_grad else None
+    want_x_grad, want_mix_grad = mhc_pre_apply_mix_bwd_ref(og, x, mix, x_grad)
+    mix_grad = torch.empty_like(mix)
+    target = x_grad if with_x_grad else x  # an absent x_grad: x's address, never written
+    before = x.clone()
+    _mhc_ascend.launch("mhc_pre_apply_mix", "bwd", x, og.data_ptr(), x.data_ptr(), mix.data_ptr(), target.data_ptr(),
+                       mix_grad.data_ptr(), tokens, m, hidden, int(with_x_grad))  # fmt: skip
+    torch.testing.assert_close(mix_grad, want_mix_grad, rtol=1e-5, atol=1e-4)
+    if with_x_grad:
+        assert torch.equal(x_grad, want_x_grad)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("tokens, m", [(1, 1), (37, 4), (130, 8), (5, 3)])
+@pytest.mark.parametrize("repeat", [1, 10])
+def test_mhc_sinkhorn(emu, tokens, m, repeat):
+    x = torch.randn(tokens, m, m) * 2
+    out = torch.empty_like(x)
+    _mhc_ascend.launch("mhc_sinkhorn", "fwd", x, x.data_ptr(), out.data_ptr(), tokens, m, repeat, 1e-6)
+    torch.testing.assert_close(out, sinkhorn_ordered_ref(x, repeat, 1e-6), rtol=1e-5, atol=1e-6)  # the original's
+    g = torch.randn(tokens, m, m)
+    gi = torch.empty_like(x)
+    _mhc_ascend.launch("mhc_sinkhorn", "bwd", x, g.data_ptr(), x.data_ptr(), gi.data_ptr(), tokens, m, repeat, 1e-6)
+    torch.testing.assert_close(gi, sinkhorn_bwd_ordered_ref(g, x, repeat, 1e-6), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens, m", [(1, 1), (333, 4), (9, 8)])
+def test_mhc_head_compute_mix_and_split_mixes(emu, tokens, m):
+    x, scale, base = torch.randn(tokens, m), torch.rand(1) + 0.5, torch.randn(m)
+    out = torch.empty_like(x)
+    _mhc_ascend.launch("mhc_head_compute_mix", "fwd", x, x.data_ptr(), scale.data_ptr(), base.data_ptr(),
+                       out.data_ptr(), tokens, m, 1e-2)  # fmt: skip
+    torch.testing.assert_close(out, mhc_head_compute_mix_ref(x, scale, base, 1e-2), rtol=1e-4, atol=1e-5)
+    cols = m * (m + 2)
+    mixes, scale3, base3 = torch.randn(tokens, cols), torch.rand(3) + 0.5, torch.randn(cols)
+    pre, post, comb = torch.empty(tokens, m), torch.empty(tokens, m), torch.empty(tokens, m * m)
+    _mhc_ascend.launch("mhc_pre_split_mixes", "fwd", mixes, mixes.data_ptr(), scale3.data_ptr(), base3.data_ptr(),
+                       pre.data_ptr(), post.data_ptr(), comb.data_ptr(), tokens, m, cols, 2.0, 1e-2)  # fmt: skip
+    want = mhc_pre_split_mixes_ref(mixes, scale3, base3, m, 2.0, 1e-2)
+    torch.testing.assert_close(pre, want[0].reshape(pre.shape), rtol=1e-5, atol=2e-5)  # the original's
+    torch.testing.assert_close(post, want[1].reshape(post.shape), rtol=1e-5, atol=2e-5)
+    assert torch.equal(comb, want[2].reshape(comb.shape))

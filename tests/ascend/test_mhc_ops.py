@@ -1,0 +1,70 @@
+"""The mhc ops with Ascend kernels, on NPU tensors, reach them (harness.py: a tensor reporting an
+"npu" device, the stand-in libascendcl recording the launches), with the CUDA kernels' arguments
+in each kernel's parameter order. Nothing here runs a kernel (there is no NPU)."""
+
+import json
+import struct
+
+from tests.ascend.harness import launch_args, run
+
+
+def test_mhc_ops_take_the_ascend_kernels(setup):
+    body = """
+    x = torch.randn(3, 256).to(torch.bfloat16).as_subclass(FakeNPU)
+    o = torch.empty(3, 4, 256, dtype=torch.bfloat16).as_subclass(FakeNPU)
+    tilebake.mhc.expand_to_mhc_fwd(x, o)
+    xg = tilebake.mhc.expand_to_mhc_bwd(o)
+    post = torch.rand(3, 4, 1).as_subclass(FakeNPU)
+    comb = torch.rand(3, 4, 4).as_subclass(FakeNPU)
+    out = tilebake.mhc.mhc_post_fwd(x, o, post, comb)
+    grads = tilebake.mhc.mhc_post_bwd(x, o, post, comb, out)
+    mix = torch.rand(3, 4).as_subclass(FakeNPU)
+    y = tilebake.mhc.mhc_pre_apply_mix_fwd(o, mix)
+    mix_grad = tilebake.mhc.mhc_pre_apply_mix_bwd(y, o, mix, o)
+    print(json.dumps({"post": [t.data_ptr() for t in (x, o, post, comb, out)], "o_version": o._version,
+                      "shapes": [list(t.shape) for t in (xg, out, *grads, y, mix_grad)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[3, 256], [3, 4, 256], [3, 256], [3, 4, 256], [3, 4, 1], [3, 4, 4], [3, 256], [3, 4]]
+    assert r["o_version"] == 2  # written by expand_to_mhc_fwd, then as pre_apply_mix_bwd's x_grad
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == [
+        "expand_to_mhc_fwd_kernel_kernel", "expand_to_mhc_bwd_kernel_kernel", "mhc_post_fwd_kernel_kernel",
+        "mhc_post_bwd_kernel_kernel", "mhc_pre_apply_mix_fwd_kernel_kernel", "mhc_pre_apply_mix_bwd_kernel_kernel",
+    ]  # fmt: skip
+    x, o, post, comb, out = r["post"]
+    # COMB OUT POST R X, then hidden mhc_mult num_tokens
+    assert launch_args(launches[2]) == struct.pack("<5Q3i4x", comb, out, post, o, x, 256, 4, 3).hex()
+
+
+def test_mhc_mix_ops_take_the_ascend_kernels(setup):
+    """Sinkhorn both ways and the forwards of the head mix and the split mixes (their backwards
+    run the references: no launch)."""
+    body = """
+    x = torch.randn(5, 4, 4).as_subclass(FakeNPU)
+    y = tilebake.mhc.mhc_sinkhorn_fwd(x, repeat=3, eps=1e-5)
+    g = tilebake.mhc.mhc_sinkhorn_bwd(y, x, repeat=3, eps=1e-5)
+    mix = torch.randn(5, 4).as_subclass(FakeNPU)
+    scale, base = torch.ones(1).as_subclass(FakeNPU), torch.zeros(4).as_subclass(FakeNPU)
+    out = tilebake.mhc.mhc_head_compute_mix_fwd(mix, scale, base)
+    mixes = torch.randn(5, 24).as_subclass(FakeNPU)
+    pre, post, comb = tilebake.mhc.mhc_pre_split_mixes_fwd(mixes, torch.ones(3).as_subclass(FakeNPU),
+                                                          torch.zeros(24).as_subclass(FakeNPU),
+                                                          mhc_post_mult_value=2.0, mhc_pre_eps=1e-2)
+    print(json.dumps({"sinkhorn": [x.data_ptr(), y.data_ptr()],
+                      "shapes": [list(t.shape) for t in (y, g, out, pre, post, comb)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[5, 4, 4], [5, 4, 4], [5, 4], [5, 4, 1], [5, 4, 1], [5, 4, 4]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == [
+        "mhc_sinkhorn_fwd_kernel_kernel", "mhc_sinkhorn_bwd_kernel_kernel", "mhc_head_compute_mix_fwd_kernel_kernel",
+        "mhc_pre_split_mixes_fwd_kernel_kernel",
+    ]  # fmt: skip
+    x, y = r["sinkhorn"]
+    # OUT X, then eps mhc_mult num_tokens repeat
+    assert launch_args(launches[0]) == struct.pack("<2Qf3i", y, x, 1e-5, 4, 5, 3).hex()
