@@ -27,9 +27,9 @@ from tilebake.quant import (
     _swiglu_backward_ascend,
     _swiglu_forward_ascend,
 )
-from tilebake.transform import _apply_rotary_ascend
 from tilebake.torch import normalize_weight as normalize_weight_ref
 from tilebake.torch import stable_topk
+from tilebake.transform import _apply_rotary_ascend
 
 pytest.importorskip("tilelang")  # the stage-1 tree comes from the wheel build of `setup`
 

@@ -13,9 +13,16 @@ import pytest
 import torch
 
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
-from tests.moe.test_moe_topk_gate_forward import ALL, FUNCS, assert_gate_equal, call_both, make_options, separated_logits
 from tests.moe.test_moe_topk_gate_backward import RSF, assert_close_to_ref, forward_inputs
-from tests.moe.test_moe_topk_gate_forward import unscored_rows
+from tests.moe.test_moe_topk_gate_forward import (
+    ALL,
+    FUNCS,
+    assert_gate_equal,
+    call_both,
+    make_options,
+    separated_logits,
+    unscored_rows,
+)
 from tilebake.moe import _moe_topk_gate_ascend
 from tilebake.moe._router import check_gate_args
 from tilebake.moe.moe_topk_gate_backward import check_arguments

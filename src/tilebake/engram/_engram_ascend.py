@@ -11,9 +11,9 @@ import torch
 from tilebake._runtime import ascend
 from tilebake.engram.engram_gate_bwd import ASCEND_MAX_HIDDEN, EngramGateBwdAscendVariant
 from tilebake.engram.engram_gate_fwd import MAX_HIDDEN, EngramGateFwdAscendVariant
-from tilebake.engram.grad_w_reduce import GradWReduceAscendVariant
 from tilebake.engram.engram_hash import EngramHashAscendVariant
 from tilebake.engram.fused_weight import FusedWeightAscendVariant
+from tilebake.engram.grad_w_reduce import GradWReduceAscendVariant
 
 _HASH = ascend.AscendKernelTable(EngramHashAscendVariant)
 _FUSED = ascend.AscendKernelTable(FusedWeightAscendVariant)

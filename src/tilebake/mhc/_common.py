@@ -3,8 +3,11 @@ and what is allowed), and their plan keys' helper."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from tilebake._variants import ASCEND_VEC_CORES, Variant
 from tilebake.engram._common import check_same_device
 
 MAX_MHC_MULT = 8  # streams: 1 to 8 (the original: 4)
@@ -83,3 +86,20 @@ def check_disjoint(inputs: dict, outputs: dict) -> None:
 def ndim_or_none(t) -> int | None:
     """A given output's rank (a plan key's item), None where the op allocates it."""
     return None if t is None else t.ndim
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcAscendVariant(Variant):
+    """An mhc op's Ascend 950 kernels (kernels_tl/ascend/mhc/<op>.py): one a direction, m and every
+    size at run time. A subclass names the op, its DIRECTIONS and its params (the CUDA variant's)."""
+
+    family = "mhc"
+    backend = "ascend"
+    DIRECTIONS = ("fwd", "bwd")
+
+    direction: str
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        return tuple(cls(d, cores) for d in cls.DIRECTIONS for cores in ASCEND_VEC_CORES)

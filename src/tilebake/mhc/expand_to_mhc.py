@@ -15,9 +15,9 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
+from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans
-from tilebake.mhc._common import check_aligned, check_mult_and_hidden, check_shape, check_streams
+from tilebake.mhc._common import MhcAscendVariant, check_aligned, check_mult_and_hidden, check_shape, check_streams
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
 
@@ -38,20 +38,10 @@ class ExpandToMhcVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class ExpandToMhcAscendVariant(Variant):
+class ExpandToMhcAscendVariant(MhcAscendVariant):
     """The Ascend 950 kernels (kernels_tl/ascend/mhc/expand_to_mhc.py): m and every size at run time."""
 
-    family = "mhc"
     op = "expand_to_mhc"
-    backend = "ascend"
-
-    direction: str  # 'fwd' | 'bwd'
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
-
     params = ExpandToMhcVariant.params
 
 

@@ -18,9 +18,9 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
-from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_int, check_shape, check_streams
+from tilebake.mhc._common import MAX_MHC_MULT, MhcAscendVariant, check_float, check_int, check_shape, check_streams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,20 +41,11 @@ class MhcHeadComputeMixVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class MhcHeadComputeMixAscendVariant(Variant):
+class MhcHeadComputeMixAscendVariant(MhcAscendVariant):
     """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_head_compute_mix.py); the backward runs the reference."""
 
-    family = "mhc"
     op = "mhc_head_compute_mix"
-    backend = "ascend"
-
-    direction: str
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ('fwd',) for cores in ASCEND_VEC_CORES)
-
+    DIRECTIONS = ("fwd",)
     params = MhcHeadComputeMixVariant.params
 
 

@@ -18,9 +18,16 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
+from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans
-from tilebake.mhc._common import MAX_MHC_MULT, check_aligned, check_mult_and_hidden, check_shape, check_streams
+from tilebake.mhc._common import (
+    MAX_MHC_MULT,
+    MhcAscendVariant,
+    check_aligned,
+    check_mult_and_hidden,
+    check_shape,
+    check_streams,
+)
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
 
@@ -48,20 +55,10 @@ class MhcPostVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class MhcPostAscendVariant(Variant):
+class MhcPostAscendVariant(MhcAscendVariant):
     """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_post.py): m and every size at run time."""
 
-    family = "mhc"
     op = "mhc_post"
-    backend = "ascend"
-
-    direction: str  # 'fwd' | 'bwd'
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
-
     params = MhcPostVariant.params
 
 

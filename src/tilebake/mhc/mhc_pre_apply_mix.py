@@ -19,9 +19,17 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
+from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans
-from tilebake.mhc._common import MAX_MHC_MULT, VEC, check_aligned, check_mult_and_hidden, check_shape, check_streams
+from tilebake.mhc._common import (
+    MAX_MHC_MULT,
+    VEC,
+    MhcAscendVariant,
+    check_aligned,
+    check_mult_and_hidden,
+    check_shape,
+    check_streams,
+)
 
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
 BWD_THREADS = tuple(range(128, 1025, 128))  # the backward's CTA sizes for m <= BWD_MULT
@@ -57,20 +65,10 @@ class MhcPreApplyMixVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class MhcPreApplyMixAscendVariant(Variant):
+class MhcPreApplyMixAscendVariant(MhcAscendVariant):
     """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_apply_mix.py): m and every size at run time."""
 
-    family = "mhc"
     op = "mhc_pre_apply_mix"
-    backend = "ascend"
-
-    direction: str  # 'fwd' | 'bwd'
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ("fwd", "bwd") for cores in ASCEND_VEC_CORES)
-
     params = MhcPreApplyMixVariant.params
 
 

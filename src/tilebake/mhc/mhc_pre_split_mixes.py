@@ -18,9 +18,9 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
-from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_shape, check_streams, ndim_or_none
+from tilebake.mhc._common import MAX_MHC_MULT, MhcAscendVariant, check_float, check_shape, check_streams, ndim_or_none
 
 # m (m + 2) -> m
 MULT_OF = {m * (m + 2): m for m in range(1, MAX_MHC_MULT + 1)}
@@ -50,20 +50,11 @@ class MhcPreSplitMixesVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class MhcPreSplitMixesAscendVariant(Variant):
+class MhcPreSplitMixesAscendVariant(MhcAscendVariant):
     """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py); the backward runs the reference."""
 
-    family = "mhc"
     op = "mhc_pre_split_mixes"
-    backend = "ascend"
-
-    direction: str
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ('fwd',) for cores in ASCEND_VEC_CORES)
-
+    DIRECTIONS = ("fwd",)
     params = MhcPreSplitMixesVariant.params
 
 

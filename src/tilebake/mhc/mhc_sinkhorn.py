@@ -18,9 +18,9 @@ import torch
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
+from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_mix
-from tilebake.mhc._common import MAX_MHC_MULT, check_float, check_int, check_shape, check_streams
+from tilebake.mhc._common import MAX_MHC_MULT, MhcAscendVariant, check_float, check_int, check_shape, check_streams
 
 # The backward keeps the inputs of up to SLOTS normalisations per thread (shared memory):
 # 2 * repeat - 1 of them, so repeat <= 12 needs no recomputation; beyond, segments of
@@ -47,20 +47,10 @@ class MhcSinkhornVariant(Variant):
 
 
 @dataclasses.dataclass(frozen=True)
-class MhcSinkhornAscendVariant(Variant):
+class MhcSinkhornAscendVariant(MhcAscendVariant):
     """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_sinkhorn.py): a SIMT thread a token."""
 
-    family = "mhc"
     op = "mhc_sinkhorn"
-    backend = "ascend"
-
-    direction: str
-    num_vec_cores: int
-
-    @classmethod
-    def all(cls):
-        return tuple(cls(d, cores) for d in ('fwd', 'bwd') for cores in ASCEND_VEC_CORES)
-
     params = MhcSinkhornVariant.params
 
 
