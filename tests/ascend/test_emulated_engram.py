@@ -1,6 +1,7 @@
 """The engram ops' Ascend kernels run on the CPU (emulator.py) through their NPU wrappers, against
-the references (tilebake.torch.engram): engram_hash, fused_weight and grad_w_reduce bit-equal,
-engram_gate_fwd and _bwd within one bf16 rounding of their outputs (sums in another order). Odd sizes, negative and extreme
+the references (tilebake.torch.engram): engram_hash, fused_weight, grad_w_reduce and the Sinkhorn
+momentum and step_reduce bit-equal, engram_gate_fwd and _bwd within one bf16 rounding of their
+outputs and the Sinkhorn finalize within 1e-6 (sums in another order). Odd sizes, negative and extreme
 token ids, empty tables, image tokens, the kv form's strided k and v, in place. A model, not an
 NPU: nothing here ran on one."""
 
@@ -13,6 +14,9 @@ from tilebake.torch.engram import (
     engram_gate_bwd_ref,
     engram_gate_fwd_ref,
     engram_hash_ref,
+    engram_sinkhorn_finalize_ref,
+    engram_sinkhorn_momentum_update_ref,
+    engram_sinkhorn_step_reduce_ref,
     fused_weight_ref,
     grad_w_reduce_ref,
     make_offsets,
@@ -98,3 +102,32 @@ def test_engram_gate_bwd(emu, tokens, hc, hidden, masked):
     torch.testing.assert_close(grad_kv, want[1], rtol=8e-3, atol=1e-2)
     assert partial.shape == (64, hc, hidden)
     torch.testing.assert_close(partial.sum(0, keepdim=True), want[2], rtol=1e-4, atol=1e-4)  # token sums in another order
+
+
+@pytest.mark.parametrize("g_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_engram_sinkhorn_momentum(emu, g_dtype, m_dtype, nesterov):
+    g = torch.randn(5001).to(g_dtype)
+    mb = torch.randn(5001).to(m_dtype)
+    want_mb = mb.clone()
+    want = engram_sinkhorn_momentum_update_ref(g, want_mb, 0.9, nesterov)
+    one_minus = float(torch.tensor(1 - 0.9, dtype=torch.float32))
+    got = _engram_ascend.sinkhorn_momentum_npu(g, mb, 0.9, one_minus, nesterov)
+    assert torch.equal(got, want) and torch.equal(mb, want_mb)
+
+
+@pytest.mark.parametrize("parts, cols", [(1, 1), (13, 3000), (64, 4096)])
+def test_engram_sinkhorn_step_reduce(emu, parts, cols):
+    p = torch.randn(parts, cols)
+    want, got = torch.empty(cols), torch.full((cols,), float("nan"))
+    engram_sinkhorn_step_reduce_ref(p, want)
+    _engram_ascend.sinkhorn_step_reduce_npu(p, got)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (70, 3000), (3, 5000)])
+def test_engram_sinkhorn_finalize(emu, rows, cols):
+    m, rs, cs = torch.randn(rows, cols), torch.rand(rows) + 0.5, torch.rand(cols) + 0.5
+    got = _engram_ascend.sinkhorn_finalize_npu(m, rs, cs, 1e-8, 0.3, None)
+    torch.testing.assert_close(got, engram_sinkhorn_finalize_ref(m, rs, cs, 1e-8, 0.3), rtol=1e-5, atol=1e-6)

@@ -70,3 +70,24 @@ def test_engram_gate_bwd_and_grad_w_reduce_take_the_ascend_kernels(setup):
     assert version == 1
     launches = [c.split()[1] for c in calls if c.startswith("launch")]
     assert launches == ["engram_gate_bwd_kernel_kernel", "grad_w_reduce_kernel_kernel"]
+
+
+def test_engram_sinkhorn_stages_take_the_ascend_kernels(setup):
+    """momentum (bf16 grad, fp32 buffer), step_reduce and finalize launch; the step runs its
+    reference (no launch)."""
+    body = """
+    g = torch.randn(1000).to(torch.bfloat16).as_subclass(FakeNPU)
+    mb = torch.zeros(1000).as_subclass(FakeNPU)
+    out = tilebake.engram.engram_sinkhorn_momentum_update(g, mb, 0.9)
+    tilebake.engram.engram_sinkhorn_step_reduce(torch.ones(3, 16).as_subclass(FakeNPU), torch.empty(16).as_subclass(FakeNPU))
+    m = torch.ones(4, 16).as_subclass(FakeNPU)
+    fin = tilebake.engram.engram_sinkhorn_finalize(m, torch.ones(4).as_subclass(FakeNPU), torch.ones(16).as_subclass(FakeNPU),
+                                                   1e-8, 0.5)
+    print(json.dumps([list(out.shape), str(out.dtype), mb._version, list(fin.shape)]))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[1000], "torch.float32", 1, [4, 16]]
+    launches = [c.split()[1] for c in calls if c.startswith("launch")]
+    assert launches == ["engram_sinkhorn_momentum_kernel_kernel", "engram_sinkhorn_step_reduce_kernel_kernel",
+                        "engram_sinkhorn_finalize_kernel_kernel"]  # fmt: skip

@@ -1,7 +1,8 @@
 """The engram ops on NPU tensors with Ascend 950 kernels: engram_hash (the same indices as the
 reference), fused_weight and grad_w_reduce (the same bits), engram_gate_fwd and _bwd (the
-reference's arithmetic, sums in another order; the backward's rows up to ASCEND_MAX_HIDDEN). The
-Sinkhorn helpers run their references on the NPU. Never run on an NPU here: the kernels are run on the CPU by
+reference's arithmetic, sums in another order; the backward's rows up to ASCEND_MAX_HIDDEN), the
+Sinkhorn helpers' momentum, step_reduce (the same bits) and finalize (the row norm's sum in another
+order); the Sinkhorn step runs its reference on the NPU. Never run on an NPU here: the kernels are run on the CPU by
 tests/ascend/test_emulated_engram.py, their launches checked against a stand-in libascendcl."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from tilebake._runtime import ascend
 from tilebake.engram.engram_gate_bwd import ASCEND_MAX_HIDDEN, EngramGateBwdAscendVariant
 from tilebake.engram.engram_gate_fwd import MAX_HIDDEN, EngramGateFwdAscendVariant
 from tilebake.engram.engram_hash import EngramHashAscendVariant
+from tilebake.engram.engram_sinkhorn import EngramSinkhornAscendVariant
 from tilebake.engram.fused_weight import FusedWeightAscendVariant
 from tilebake.engram.grad_w_reduce import GradWReduceAscendVariant
 
@@ -20,6 +22,8 @@ _FUSED = ascend.AscendKernelTable(FusedWeightAscendVariant)
 _GATE = ascend.AscendKernelTable(EngramGateFwdAscendVariant)
 _GATE_BWD = ascend.AscendKernelTable(EngramGateBwdAscendVariant)
 _REDUCE = ascend.AscendKernelTable(GradWReduceAscendVariant)
+_SINKHORN = ascend.AscendKernelTable(EngramSinkhornAscendVariant)
+_FORMATS = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def engram_hash_npu(ids, multipliers, vocab_sizes, offsets, image_token_mask):
@@ -105,3 +109,36 @@ def grad_w_reduce_npu(grad_w_partial, weight_hidden, weight_embed, grad_weight_h
     kernel(index, p.data_ptr(), wh.data_ptr(), we.data_ptr(), grad_weight_hidden.data_ptr(),
            grad_weight_embed.data_ptr(), p.shape[0], wh.numel())  # fmt: skip
     torch.autograd.graph.increment_version([grad_weight_hidden, grad_weight_embed])
+
+
+def sinkhorn_momentum_npu(grad, momentum_buffer, beta1, one_minus_beta1, nesterov):
+    """engram_sinkhorn_momentum_update of checked NPU tensors (momentum_buffer contiguous)."""
+    g = grad.contiguous()
+    out = g.new_empty(g.shape, dtype=torch.float32)
+    if g.numel():
+        index, kernel = _SINKHORN.on(g, "momentum", _FORMATS[g.dtype], _FORMATS[momentum_buffer.dtype])
+        kernel(index, g.data_ptr(), momentum_buffer.data_ptr(), out.data_ptr(), beta1, one_minus_beta1, int(nesterov),
+               g.numel())  # fmt: skip
+        torch.autograd.graph.increment_version(momentum_buffer)
+    return out
+
+
+def sinkhorn_step_reduce_npu(col_sumsq_partial, col_sumsq):
+    """engram_sinkhorn_step_reduce of checked NPU tensors (col_sumsq contiguous, >= 1 partial), in place."""
+    p = col_sumsq_partial.contiguous()
+    index, kernel = _SINKHORN.on(p, "step_reduce", "fp32", "fp32")
+    kernel(index, p.data_ptr(), col_sumsq.data_ptr(), p.shape[0], p.shape[1])
+    torch.autograd.graph.increment_version(col_sumsq)
+
+
+def sinkhorn_finalize_npu(matrix, row_scale, col_scale, eps, alpha, out):
+    """engram_sinkhorn_finalize of checked NPU tensors, into `out` when given (returned)."""
+    m, rs, cs = matrix.contiguous(), row_scale.contiguous(), col_scale.contiguous()
+    rows, cols = m.shape
+    target = out if out is not None and out.is_contiguous() else m.new_empty((rows, cols))
+    if rows:
+        index, kernel = _SINKHORN.on(m, "finalize", "fp32", "fp32")
+        kernel(index, m.data_ptr(), rs.data_ptr(), cs.data_ptr(), target.data_ptr(), eps, alpha, rows, cols)
+    if out is None or target is out:
+        return target
+    return out.copy_(target)

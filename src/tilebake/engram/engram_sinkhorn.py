@@ -18,7 +18,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant, f32, i32, ptr
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.engram._common import check_same_device, check_tensor, dense
 from tilebake.utils import FORMAT_NAMES
 
@@ -48,6 +48,30 @@ class EngramSinkhornVariant(Variant):
     def all(cls):
         momentum = [cls("momentum", g, m) for g in ("bf16", "fp32") for m in ("bf16", "fp32")]
         return (*momentum, cls("step"), cls("step_reduce"), cls("finalize"))
+
+    def params(self):
+        return _STAGE_PARAMS[self.stage]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramSinkhornAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/engram/engram_sinkhorn.py) of the momentum,
+    step_reduce and finalize stages; the step runs its reference on NPU tensors."""
+
+    family = "engram"
+    op = "engram_sinkhorn"
+    backend = "ascend"
+
+    stage: str  # 'momentum' | 'step_reduce' | 'finalize'
+    grad_dtype: str
+    momentum_dtype: str
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        stages = [("momentum", g, m) for g in ("bf16", "fp32") for m in ("bf16", "fp32")]
+        stages += [("step_reduce", "fp32", "fp32"), ("finalize", "fp32", "fp32")]
+        return tuple(cls(*stage, cores) for stage in stages for cores in ASCEND_VEC_CORES)
 
     def params(self):
         return _STAGE_PARAMS[self.stage]
@@ -95,6 +119,10 @@ def engram_sinkhorn_momentum_update(
         raise ValueError(f"grad must have fewer than 2^31 elements, got {grad.numel()}")
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.engram_sinkhorn_momentum_update(grad, momentum_buffer, beta1, nesterov)
+    if grad.device.type == "npu":  # the Ascend kernel
+        from tilebake.engram._engram_ascend import sinkhorn_momentum_npu
+
+        return sinkhorn_momentum_npu(grad, momentum_buffer, beta1, _one_minus(beta1), nesterov)
     if not grad.is_cuda:
         from tilebake.torch.engram import engram_sinkhorn_momentum_update_ref
 
@@ -237,6 +265,11 @@ def engram_sinkhorn_step_reduce(col_sumsq_partial: torch.Tensor, col_sumsq: torc
     if torch.compiler.is_compiling():
         torch.ops.tilebake.engram_sinkhorn_step_reduce(col_sumsq_partial, col_sumsq)
         return
+    if col_sumsq.device.type == "npu" and parts and col_sumsq.is_contiguous():  # the Ascend kernel
+        from tilebake.engram._engram_ascend import sinkhorn_step_reduce_npu
+
+        sinkhorn_step_reduce_npu(col_sumsq_partial, col_sumsq)
+        return
     if not col_sumsq.is_cuda or cols % 4 or parts == 0 or not col_sumsq.is_contiguous() or col_sumsq.data_ptr() % 16:
         from tilebake.torch.engram import engram_sinkhorn_step_reduce_ref
 
@@ -286,6 +319,10 @@ def engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps: float, alpha: fl
     if torch.compiler.is_compiling():
         result = torch.ops.tilebake.engram_sinkhorn_finalize(matrix, row_scale, col_scale, eps, alpha)
         return result if out is None else out.copy_(result)
+    if matrix.device.type == "npu":  # the Ascend kernel
+        from tilebake.engram._engram_ascend import sinkhorn_finalize_npu
+
+        return sinkhorn_finalize_npu(matrix, row_scale, col_scale, eps, alpha, out)
     if not matrix.is_cuda:
         from tilebake.torch.engram import engram_sinkhorn_finalize_ref
 
