@@ -15,13 +15,10 @@ lowered here, never run on an NPU: checked on the CPU by tests/ascend/test_emula
 
 import tilelang.ascend.language as T
 
+from kernels_tl.ascend.engram.common import CHUNK, STEPS, THREADS, add_accumulators, partial_rows_summer
 from kernels_tl.quant.common import TL_DTYPES
 from tilebake.engram.engram_sinkhorn import EngramSinkhornAscendVariant
 from tilebake.torch.engram import PARTIAL_GROUPS
-
-CHUNK = 2048
-THREADS = 128
-STEPS = CHUNK // THREADS
 
 
 def build(v: EngramSinkhornAscendVariant):
@@ -73,6 +70,7 @@ def _step_reduce(v):
     parts = T.dynamic("num_partials")
     cols = T.dynamic("num_cols")
     CORES = v.num_vec_cores
+    sum_rows = partial_rows_summer(parts)
 
     @T.prim_func
     def engram_sinkhorn_step_reduce_kernel(P: T.Tensor((parts, cols), "float32"), OUT: T.Tensor((cols,), "float32")):
@@ -82,26 +80,13 @@ def _step_reduce(v):
             os = T.alloc_shared((CHUNK,), "float32")
             for s in T.serial(T.ceildiv(T.ceildiv(cols, CHUNK) - core, CORES)):
                 c0 = (core + s * CORES) * CHUNK
-                with T.SimtVF(threads=THREADS):
-                    t = T.get_thread_binding()
-                    for q in T.serial(STEPS):
-                        for g in T.serial(PARTIAL_GROUPS):
-                            acc[g, q * THREADS + t] = T.float32(0)
-                for p in T.serial(parts):
-                    T.copy(P[p, c0 : c0 + CHUNK], ps)
-                    with T.SimtVF(threads=THREADS):
-                        t = T.get_thread_binding()
-                        for q in T.serial(STEPS):
-                            j = q * THREADS + t
-                            acc[p % PARTIAL_GROUPS, j] = acc[p % PARTIAL_GROUPS, j] + ps[j]
+                sum_rows(P, ps, acc, c0)
                 with T.SimtVF(threads=THREADS):
                     t = T.get_thread_binding()
                     total = T.alloc_var("float32")
                     for q in T.serial(STEPS):
                         j = q * THREADS + t
-                        total = acc[0, j]
-                        for g in T.serial(PARTIAL_GROUPS - 1):
-                            total = total + acc[g + 1, j]
+                        add_accumulators(acc, j, total)
                         os[j] = total
                 T.copy(os, OUT[c0 : c0 + CHUNK])
 

@@ -13,18 +13,16 @@ tests/ascend/test_emulated_engram.py.
 
 import tilelang.ascend.language as T
 
+from kernels_tl.ascend.engram.common import CHUNK, STEPS, THREADS, add_accumulators, partial_rows_summer
 from tilebake.engram.grad_w_reduce import GradWReduceAscendVariant
 from tilebake.torch.engram import PARTIAL_GROUPS
-
-CHUNK = 2048
-THREADS = 128
 
 
 def build(v: GradWReduceAscendVariant):
     parts = T.dynamic("num_partials")
     cols = T.dynamic("num_cols")
     CORES = v.num_vec_cores
-    STEPS = CHUNK // THREADS
+    sum_rows = partial_rows_summer(parts)
 
     @T.prim_func
     def grad_w_reduce_kernel(
@@ -43,18 +41,7 @@ def build(v: GradWReduceAscendVariant):
             ges = T.alloc_shared((CHUNK,), "float32")
             for s in T.serial(T.ceildiv(T.ceildiv(cols, CHUNK) - core, CORES)):
                 c0 = (core + s * CORES) * CHUNK
-                with T.SimtVF(threads=THREADS):
-                    t = T.get_thread_binding()
-                    for q in T.serial(STEPS):
-                        for g in T.serial(PARTIAL_GROUPS):
-                            acc[g, q * THREADS + t] = T.float32(0)
-                for p in T.serial(parts):
-                    T.copy(P[p, c0 : c0 + CHUNK], ps)
-                    with T.SimtVF(threads=THREADS):
-                        t = T.get_thread_binding()
-                        for q in T.serial(STEPS):
-                            j = q * THREADS + t
-                            acc[p % PARTIAL_GROUPS, j] = acc[p % PARTIAL_GROUPS, j] + ps[j]
+                sum_rows(P, ps, acc, c0)
                 T.copy(WH[c0 : c0 + CHUNK], whs)
                 T.copy(WE[c0 : c0 + CHUNK], wes)
                 T.copy(GWH[c0 : c0 + CHUNK], ghs)
@@ -65,9 +52,7 @@ def build(v: GradWReduceAscendVariant):
                     prod = T.alloc_var("float32")
                     for q in T.serial(STEPS):
                         j = q * THREADS + t
-                        total = acc[0, j]
-                        for g in T.serial(PARTIAL_GROUPS - 1):
-                            total = total + acc[g + 1, j]
+                        add_accumulators(acc, j, total)
                         prod = total * T.cast(wes[j], "float32")
                         ghs[j] = ghs[j] + prod
                         prod = total * T.cast(whs[j], "float32")
