@@ -1,5 +1,6 @@
 """Launch-config search for an op whose kernel module has `LaunchConfig` and `candidate_configs()`
-(per_token_cast, cast_back, per_token_cast_and_cast_back, cast, norm_forward, mhc_pre_apply_mix).
+(per_token_cast, cast_back, per_token_cast_and_cast_back, cast, norm_forward, mhc_pre_apply_mix,
+mhc_pre_big_fuse).
 
 python bench/tune.py build .carry/tune cast_back [REGEX]  # build host: lower + nvcc every candidate
                                                          # (sm_90a), or those whose file stem matches REGEX
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(16384, 7168), (4096, 7168), (4096, 4096)]
 # (tokens, hidden) by op where not SHAPES: mHC at its anchor's shape (m = 4 streams) and a small one
-OP_SHAPES = {"mhc_pre_apply_mix": [(8192, 7168), (4096, 1280)]}
+OP_SHAPES = {"mhc_pre_apply_mix": [(8192, 7168), (4096, 1280)], "mhc_pre_big_fuse": [(8192, 7168), (4096, 1280)]}
 
 
 def _variants(op):
@@ -40,12 +41,14 @@ def _variants(op):
         "cast": [dict(in_dtype="fp32", out_dtype="bf16")],
         "norm_forward": [dict(in_dtype="bf16", has_weight=True, has_residual=True)],
         "mhc_pre_apply_mix": [dict(direction="fwd"), dict(direction="bwd")],
+        "mhc_pre_big_fuse": [dict(max_mult=4)],
     }[op]
 
 
 # Ops whose reductions differ from the reference's in the last bits: (relative) tolerance of the check.
-# (rtol, atol); mhc_pre_apply_mix: its mix_grad, summed in another order by another warp count
-_CLOSE = {"norm_forward": (2**-7, 1e-5), "mhc_pre_apply_mix": (1e-4, 1e-3)}
+# (rtol, atol); mhc_pre_apply_mix: its mix_grad, summed in another order by another warp count;
+# mhc_pre_big_fuse: the shipped kernel's Sinkhorn (div.approx) against the candidate's
+_CLOSE = {"norm_forward": (2**-7, 1e-5), "mhc_pre_apply_mix": (1e-4, 1e-3), "mhc_pre_big_fuse": (1e-5, 1e-6)}
 
 
 def _variant_type(op):
@@ -246,6 +249,8 @@ def _setup(op, key, t, h):
         )
     if op == "mhc_pre_apply_mix":
         return _apply_mix_setup(key["direction"], t, h)
+    if op == "mhc_pre_big_fuse":
+        return _big_fuse_setup(t, h)
     raise SystemExit(f"no tuning setup for {op}")
 
 
@@ -282,6 +287,35 @@ def _apply_mix_setup(direction, t, h, m=4):
 
     output = lambda og, x, mix, xg, mg: torch.cat([xg.float().flatten(), mg.flatten()])  # noqa: E731
     return make, values, output, expected, t * h * 2 + t * m * h * 2 * 3 + t * m * 8
+
+
+def _big_fuse_setup(t, h, m=4, splits=1):
+    """The anchor's case: one split (n_splits 1), m = 4."""
+    import torch
+
+    import tilebake
+
+    m3 = m * (m + 2)
+
+    def make():
+        residual = torch.randn(t, m, h, device="cuda").to(torch.bfloat16)
+        pm, ps = torch.randn(splits, t, 1, m3, device="cuda"), torch.rand(splits, t, 1, device="cuda") * m * h
+        scale, base = torch.rand(3, device="cuda") + 0.5, torch.randn(m3, device="cuda") * 0.1
+        outs = torch.empty(t, m, device="cuda"), torch.empty(t, m * m, device="cuda"), torch.empty(t, h, device="cuda")
+        return pm, ps, scale, base, residual, outs[0], outs[1], outs[2].to(torch.bfloat16)
+
+    def values(pm, ps, scale, base, x, post, comb, o):
+        return dict(PM=pm.data_ptr(), PS=ps.data_ptr(), SCALE=scale.data_ptr(), BASE=base.data_ptr(), X=x.data_ptr(),
+                    POST=post.data_ptr(), COMB=comb.data_ptr(), O=o.data_ptr(), num_tokens=t, mhc_mult=m, hidden=h,
+                    mix_cols=m3, n_splits=splits, rms_group_size=m * h, repeat=10, rms_eps=1e-6, pre_eps=1e-6,
+                    eps=1e-6, post_mult=2.0)  # fmt: skip
+
+    def expected(pm, ps, scale, base, x, *outs):
+        got = tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, x, None, None, None, 1e-6, 1e-6, 1e-6, 2.0, 10, splits)
+        return torch.cat([v.float().flatten() for v in got])
+
+    output = lambda *a: torch.cat([v.float().flatten() for v in a[5:]])  # noqa: E731
+    return make, values, output, expected, t * m * h * 2 + t * h * 2 + t * (m3 + 1) * 4 * splits + t * (m + m * m) * 4
 
 
 def run(out: Path, op: str):

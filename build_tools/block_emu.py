@@ -150,6 +150,8 @@ inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+// div.approx on the GPU (within 2 ulp); here the rounded quotient
+inline float __fdividef(float a, float b) { volatile float r = a / b; return r; }
 inline float __fsqrt_rn(float a) { volatile float r = std::sqrt(a); return r; }
 inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
 inline uint __byte_perm(uint x, uint y, uint s) {  // result byte i = byte (s >> 4i) & 7 of y:x

@@ -70,16 +70,15 @@ def test_reduce_partials_plans():
 
 
 big_fuse = importlib.import_module("tilebake.mhc.mhc_pre_big_fuse")
-apply_mix = importlib.import_module("tilebake.mhc.mhc_pre_apply_mix")
 
 
 @pytest.mark.parametrize("given", [False, True])
 def test_big_fuse_plan(given):
-    kernel, apply = built(big_fuse.MhcPreBigFuseVariant(4)), built(apply_mix.MhcPreApplyMixVariant("fwd"))
+    kernel = built(big_fuse.MhcPreBigFuseVariant(4))
     pm, ps = torch.randn(3, 6, 1, N), torch.rand(3, 6, 1)
     scale, base, residual = torch.rand(3), torch.randn(N), torch.randn(*LEAD, M, H).bfloat16()
     outs = (torch.empty(*LEAD, M), torch.empty(*LEAD, M * M), torch.empty(*LEAD, H).bfloat16()) if given else (None,) * 3
-    p = _plans_norm.big_fuse_fwd(kernel, apply, 0, 2, tuple(None if t is None else t.ndim for t in outs), 3, 10,
+    p = _plans_norm.big_fuse_fwd(kernel, 0, 2, tuple(None if t is None else t.ndim for t in outs), 3, 10,
                                  (1e-6, 2e-6, 3e-6, 2.0))  # fmt: skip
     (post, comb, out), launches = trace(p, pm, ps, scale, base, residual, *outs)
     if given:
@@ -88,13 +87,13 @@ def test_big_fuse_plan(given):
         assert [(t.shape, t.dtype) for t in (post, comb, out)] == [((*LEAD, M, 1), torch.float32),
                                                                     ((*LEAD, M, M), torch.float32),
                                                                     ((*LEAD, H), torch.bfloat16)]  # fmt: skip
-    assert [launch[0] for launch in launches] == [0, 1]  # the mixes, then the mixing
-    got, mixing = params_of(kernel, launches[0]), params_of(apply, launches[1])
-    want = dict(PM=pm.data_ptr(), PS=ps.data_ptr(), SCALE=scale.data_ptr(), BASE=base.data_ptr(), POST=post.data_ptr(),
-                COMB=comb.data_ptr(), num_tokens=6, mhc_mult=M, mix_cols=N, n_splits=3, rms_group_size=M * H, repeat=10)  # fmt: skip
+    assert [launch[0] for launch in launches] == [0]  # one kernel
+    got = params_of(kernel, launches[0])
+    want = dict(PM=pm.data_ptr(), PS=ps.data_ptr(), SCALE=scale.data_ptr(), BASE=base.data_ptr(), X=residual.data_ptr(),
+                POST=post.data_ptr(), COMB=comb.data_ptr(), O=out.data_ptr(), num_tokens=6, mhc_mult=M, hidden=H,
+                mix_cols=N, n_splits=3, rms_group_size=M * H, repeat=10)  # fmt: skip
     assert {k: got[k] for k in want} == want
     assert [got[k] for k in ("rms_eps", "pre_eps", "eps", "post_mult")] == pytest.approx([1e-6, 2e-6, 3e-6, 2.0])
-    assert mixing == dict(X=residual.data_ptr(), MIX=got["PRE"], O=out.data_ptr(), num_tokens=6, mhc_mult=M, hidden=H)
     m8 = torch.randn(*LEAD, 8, H).bfloat16()  # m = 8: the chain (the Python path)
     for bad in [(torch.randn(2, 6, 1, N), torch.rand(2, 6, 1), scale, base, residual),  # another n_splits
                 (pm, ps, scale, torch.randn(N + 1), residual), (pm, ps, scale, base, residual.float()),

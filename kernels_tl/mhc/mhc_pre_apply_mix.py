@@ -29,6 +29,9 @@ class LaunchConfig:
     # (session 18: threads 64 to 896 with 1, 2 or 4 tokens all took 140.9-146.6 us)
     tokens: int = 2
     max_m: int = MAX_MHC_MULT  # the streams the register arrays hold
+    # the forward's grid: token groups x column blocks (False), or token groups only, a CTA
+    # stepping over the columns (True; kernels_tl/mhc/mhc_pre_big_fuse.py's streaming)
+    column_loop: bool = False
 
 
 DEFAULT_CONFIG = LaunchConfig()
@@ -38,21 +41,24 @@ def candidate_configs():
     """The search space bench/tune.py times on a GPU (the backward: those of one token a thread)."""
     return ([LaunchConfig(128, 2, 8), LaunchConfig(128, 1, 8), LaunchConfig(448, 1, 4), LaunchConfig(896, 1, 4),
              LaunchConfig(1024, 1, 4)]
-            + [LaunchConfig(t, k, 4) for t in (64, 128, 224, 256) for k in (1, 2, 4)])  # fmt: skip
+            + [LaunchConfig(t, k, 4) for t in (64, 128, 224, 256) for k in (1, 2, 4)]
+            + [LaunchConfig(t, k, mm, True) for t in (128, 256) for k, mm in ((2, 8), (2, 4), (4, 4))])  # fmt: skip
 
 
 def build(v: MhcPreApplyMixVariant, cfg: LaunchConfig = None):
     """The variant's kernel (its threads and register streams), or bench/tune.py's candidate cfg."""
     cfg = cfg or dataclasses.replace(DEFAULT_CONFIG, threads=v.threads, max_m=v.max_mult)
     if v.direction == "fwd":
-        return _forward(cfg.threads, cfg.tokens, cfg.max_m)
+        return _forward(cfg.threads, cfg.tokens, cfg.max_m, cfg.column_loop)
     return _backward(cfg.threads, cfg.max_m)
 
 
-def _forward(THREADS, FWD_TOKENS, MAX_M):
+def _forward(THREADS, FWD_TOKENS, MAX_M, COLUMN_LOOP=False):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     h = T.dynamic("hidden")
+    COLUMN_BLOCKS = 1 if COLUMN_LOOP else T.ceildiv(h, THREADS * VEC)  # the grid's
+    STEPS = T.ceildiv(h, THREADS * VEC) if COLUMN_LOOP else 1  # a CTA's
 
     @T.prim_func
     def mhc_pre_apply_mix_fwd_kernel(
@@ -62,7 +68,7 @@ def _forward(THREADS, FWD_TOKENS, MAX_M):
     ):
         # token groups x column blocks, token-major (a one-dimensional grid with a group's column
         # blocks adjacent was slower: 152.8-153.9 us against 140.9, session 12 call 3)
-        with T.Kernel(T.ceildiv(n, FWD_TOKENS), T.ceildiv(h, THREADS * VEC), threads=THREADS) as (tb, b):
+        with T.Kernel(T.ceildiv(n, FWD_TOKENS), COLUMN_BLOCKS, threads=THREADS) as (tb, b):
             tx = T.get_thread_binding(0)
             T.assume(h % VEC == 0)
             xs = T.alloc_local((FWD_TOKENS, MAX_M, VEC), "bfloat16")
@@ -72,28 +78,29 @@ def _forward(THREADS, FWD_TOKENS, MAX_M):
             # addresses (from (b * THREADS + tx) * VEC, TileLang widens each term to 64 bits and nvcc
             # splits the 16-byte store into four 4-byte ones)
             vec = T.alloc_var("int32")
-            vec = b * THREADS + tx
-            if vec * VEC < h:
-                for u in T.unroll(FWD_TOKENS):  # every vector in flight at once: one DRAM latency
-                    if tb * FWD_TOKENS + u < n:
-                        for i in T.unroll(MAX_M):
-                            if i < m:
-                                for j in T.vectorized(VEC):
-                                    xs[u, i, j] = X[tb * FWD_TOKENS + u, i, vec * VEC + j]
-                for u in T.unroll(FWD_TOKENS):
-                    t = tb * FWD_TOKENS + u
-                    if t < n:
-                        for j in T.unroll(VEC):
-                            acc[j] = T.ieee_mul(MIX[t, 0], T.cast(xs[u, 0, j], "float32"))
-                        for i in T.unroll(MAX_M - 1):
-                            if i + 1 < m:
-                                w = MIX[t, i + 1]
-                                for j in T.unroll(VEC):
-                                    acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
-                        for j in T.unroll(VEC):
-                            ys[j] = T.cast(acc[j], "bfloat16")
-                        for j in T.vectorized(VEC):
-                            O[t, vec * VEC + j] = ys[j]
+            for k in T.serial(STEPS):
+                vec = (b + k) * THREADS + tx
+                if vec * VEC < h:
+                    for u in T.unroll(FWD_TOKENS):  # every vector in flight at once: one DRAM latency
+                        if tb * FWD_TOKENS + u < n:
+                            for i in T.unroll(MAX_M):
+                                if i < m:
+                                    for j in T.vectorized(VEC):
+                                        xs[u, i, j] = X[tb * FWD_TOKENS + u, i, vec * VEC + j]
+                    for u in T.unroll(FWD_TOKENS):
+                        t = tb * FWD_TOKENS + u
+                        if t < n:
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_mul(MIX[t, 0], T.cast(xs[u, 0, j], "float32"))
+                            for i in T.unroll(MAX_M - 1):
+                                if i + 1 < m:
+                                    w = MIX[t, i + 1]
+                                    for j in T.unroll(VEC):
+                                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+                            for j in T.unroll(VEC):
+                                ys[j] = T.cast(acc[j], "bfloat16")
+                            for j in T.vectorized(VEC):
+                                O[t, vec * VEC + j] = ys[j]
 
     return mhc_pre_apply_mix_fwd_kernel
 

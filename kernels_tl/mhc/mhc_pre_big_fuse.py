@@ -1,47 +1,68 @@
-"""mhc_pre_big_fuse's mix kernel, as a TileLang factory (build time only): m <= MM (4), n_splits,
-sizes and scalars at run time. A warp a token (WARPS tokens a CTA):
-- lane c < m (m + 2) sums mix column c's split partials and the square-sum partials in split
-  order and scales by the RMSNorm factor (kernels_tl/mhc/mhc_reduce_partials_and_rmsnorm.py's
-  arithmetic), then splits it (kernels_tl/mhc/mhc_pre_split_mixes.py's) into pre, post or a raw
-  comb entry;
-- lanes 0..MM^2 - 1 take comb element (i, j) (lane i * MM + j, a shuffle from lane 2m + i m + j)
-  and run mhc_sinkhorn's forward on it (kernels_tl/mhc/mhc_sinkhorn.py's macros; lanes from MM^2
-  a slot of zeros).
-It writes pre, post_mix and comb_mix; mhc_pre_apply_mix's forward kernel then mixes the streams
-with pre. Each step is the single-op kernel's arithmetic, so the bytes are the chain's (reduce,
-split, Sinkhorn, pre_apply_mix). The mixes computed in the mixing kernel's CTAs instead (every
-column block's, before its stores) made it 182 us against 156 for the chain at 8192 x 4 x 7168
-(H200 session 13): the mixes' serial latency held up the streaming.
+"""mhc_pre_big_fuse's kernel, as a TileLang factory (build time only): m <= MM (4), n_splits,
+sizes and scalars at run time. One launch; a CTA takes TOKENS tokens whole (all their columns):
+1. warp w < TOKENS, token w of the CTA's: lane c < m (m + 2) sums mix column c's split partials
+   and the square-sum partials in split order and scales by the RMSNorm factor
+   (kernels_tl/mhc/mhc_reduce_partials_and_rmsnorm.py's arithmetic), then splits it
+   (kernels_tl/mhc/mhc_pre_split_mixes.py's): pre into shared memory, post_mix out, a raw comb
+   entry kept in the lane's register;
+2. the CTA mixes its tokens' streams with pre (mhc_pre_apply_mix's forward arithmetic), a thread an
+   8-column vector of every token, the CTA stepping over the columns;
+3. each warp's lanes 0..MM^2 - 1 take comb element (i, j) (lane i * MM + j, a shuffle from lane
+   2m + i m + j) and run mhc_sinkhorn's forward on it (kernels_tl/mhc/mhc_sinkhorn.py's macros).
+Each step is the single-op kernel's arithmetic, so the bytes are the chain's (reduce, split,
+Sinkhorn, pre_apply_mix). The Sinkhorn comes last: no one waits for it, other CTAs' streams hide
+it. (The mixes recomputed by every column block's CTA of the apply kernel took 182 us against 156
+for the chain at 8192 x 4 x 7168, H200 session 13: each CTA's work was too small to hide them.)
 """
+
+import dataclasses
 
 import tilelang.language as T
 
 from kernels_tl.mhc.mhc_pre_split_mixes import scaled, sigmoid
 from kernels_tl.mhc.mhc_reduce_partials_and_rmsnorm import rms_rstd
 from kernels_tl.mhc.mhc_sinkhorn import sinkhorn_ops
+from tilebake.mhc._common import VEC
 from tilebake.mhc.mhc_pre_big_fuse import MhcPreBigFuseVariant
 
-WARPS = 4  # tokens a CTA, a warp each
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}  # whole vectors: the host checks hidden % VEC
 
 
-def build(v: MhcPreBigFuseVariant):
-    MM = v.max_mult
-    assert MM * MM <= 16  # a token's comb in the first half of its warp
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    threads: int = 128  # a CTA's; its warps compute the mixes, a token each
+    tokens: int = 4  # a CTA's (<= its warps), all their vectors' loads in flight at once
+
+
+DEFAULT_CONFIG = LaunchConfig()
+
+
+def candidate_configs():
+    """The search space bench/tune.py times on a GPU."""
+    return [LaunchConfig(t, k) for t in (64, 128, 256) for k in (1, 2, 4) if k <= t // 32]
+
+
+def build(v: MhcPreBigFuseVariant, cfg: LaunchConfig = None):
+    cfg = cfg or DEFAULT_CONFIG
+    MM, THREADS, TOKENS = v.max_mult, cfg.threads, cfg.tokens
+    assert MM * MM <= 16 and TOKENS <= THREADS // 32  # a token's comb in the first half of its warp
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
+    h = T.dynamic("hidden")
     m3 = T.dynamic("mix_cols")  # m (m + 2), passed: TileLang cannot bind m from it
     splits = T.dynamic("n_splits")
     sk = sinkhorn_ops(MM, m)
 
     @T.prim_func
-    def mhc_pre_big_fuse_mix_kernel(
+    def mhc_pre_big_fuse_kernel(
         PM: T.Tensor((splits, n, m3), "float32"),
         PS: T.Tensor((splits, n), "float32"),
         SCALE: T.Tensor((3,), "float32"),
         BASE: T.Tensor((m3,), "float32"),
-        PRE: T.Tensor((n, m), "float32"),
+        X: T.Tensor((n, m, h), "bfloat16"),
         POST: T.Tensor((n, m), "float32"),
         COMB: T.Tensor((n, m * m), "float32"),
+        O: T.Tensor((n, h), "bfloat16"),
         rms_group_size: T.int32,
         rms_eps: T.float32,
         pre_eps: T.float32,
@@ -49,11 +70,17 @@ def build(v: MhcPreBigFuseVariant):
         post_mult: T.float32,
         repeat: T.int32,
     ):
-        with T.Kernel(T.ceildiv(n, WARPS), threads=WARPS * 32) as tb:
+        with T.Kernel(T.ceildiv(n, TOKENS), threads=THREADS) as tb:
             tx = T.get_thread_binding(0)
+            T.assume(h % VEC == 0)
+            pre = T.alloc_shared((TOKENS, MM), "float32")
             xbuf = T.alloc_shared((2, 1), "float32")  # (the Sinkhorn exchanges by shuffles at MM <= 4)
+            xs = T.alloc_local((TOKENS, MM, VEC), "bfloat16")
+            acc = T.alloc_local((VEC,), "float32")
+            ys = T.alloc_local((VEC,), "bfloat16")
             t = T.alloc_var("int32")
             c = T.alloc_var("int32")
+            vec = T.alloc_var("int32")  # a variable: 32-bit address terms (kernels_tl/mhc/mhc_pre_apply_mix.py)
             mix = T.alloc_var("float32")
             sq = T.alloc_var("float32")
             y = T.alloc_var("float32")
@@ -61,10 +88,11 @@ def build(v: MhcPreBigFuseVariant):
             a = T.alloc_var("float32")
             p = T.alloc_var("float32")
             par = T.alloc_var("int32")
-            t = tb * WARPS + tx // 32
+            # 1. the mixes of token tx // 32 (warps past TOKENS idle)
+            t = tb * TOKENS + tx // 32
             c = tx % 32
             y = T.float32(0)
-            if t < n and c < m3:
+            if tx // 32 < TOKENS and t < n and c < m3:
                 mix = PM[0, t, c]
                 sq = PS[0, t]
                 for s in T.serial(splits - 1):
@@ -75,10 +103,33 @@ def build(v: MhcPreBigFuseVariant):
                 if c < 2 * m:
                     sg = sigmoid(y)
                     if c < m:
-                        PRE[t, c] = T.ieee_add(sg, pre_eps)
+                        pre[tx // 32, c] = T.ieee_add(sg, pre_eps)
                     else:
                         POST[t, c - m] = T.ieee_mul(sg, post_mult)
-            # comb element (i, j) of lane i * MM + j: the raw entry from lane 2m + i m + j
+            T.sync_threads()
+            # 2. the streams mixed, o = pre[0] x[0] + pre[1] x[1] + ... in order, one bf16 rounding
+            for k in T.serial(T.ceildiv(h, THREADS * VEC)):
+                vec = k * THREADS + tx
+                if vec * VEC < h:
+                    for u in T.unroll(TOKENS):  # every vector in flight at once: one DRAM latency
+                        if tb * TOKENS + u < n:
+                            for i in T.unroll(MM):
+                                if i < m:
+                                    for j in T.vectorized(VEC):
+                                        xs[u, i, j] = X[tb * TOKENS + u, i, vec * VEC + j]
+                    for u in T.unroll(TOKENS):
+                        if tb * TOKENS + u < n:
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_mul(pre[u, 0], T.cast(xs[u, 0, j], "float32"))
+                            for i in T.unroll(MM - 1):
+                                if i + 1 < m:
+                                    for j in T.unroll(VEC):
+                                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(pre[u, i + 1], T.cast(xs[u, i + 1, j], "float32")))
+                            for j in T.unroll(VEC):
+                                ys[j] = T.cast(acc[j], "bfloat16")
+                            for j in T.vectorized(VEC):
+                                O[tb * TOKENS + u, vec * VEC + j] = ys[j]
+            # 3. comb element (i, j) of lane i * MM + j: the raw entry from lane 2m + i m + j
             i = c // MM
             j = c % MM
             inside = c < MM * MM and i < m and j < m
@@ -87,7 +138,7 @@ def build(v: MhcPreBigFuseVariant):
             par = 0
             sk.softmax(x, eps, a, p, tx, xbuf, par)
             sk.normalize(a, repeat, eps, tx, xbuf, par)
-            if t < n and inside:
+            if tx // 32 < TOKENS and t < n and inside:
                 COMB[t, i * m + j] = a
 
-    return mhc_pre_big_fuse_mix_kernel
+    return mhc_pre_big_fuse_kernel

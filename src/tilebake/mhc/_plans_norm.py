@@ -156,12 +156,11 @@ def reduce_partials_bwd(kernel, device, given, rms_group_size, rms_eps):
     return b.build()
 
 
-def big_fuse_fwd(kernel, apply, device, num_lead, nds, n_splits, repeat, scalars):
+def big_fuse_fwd(kernel, device, num_lead, nds, n_splits, repeat, scalars):
     """run(gemm_out_mul (S, T, 1, N), gemm_out_sqrsum (S, T, 1), scale (3,), base (N,), residual
     (..., M, H), post_mix, comb_mix, layer_input (each given or None)) -> (post_mix, comb_mix,
     layer_input); nds: the given outputs' ranks (None: allocated); scalars: rms_eps, pre_eps,
-    sinkhorn_eps, post_mult. Two launches: the mixes (kernel; pre into a new (T, M) tensor), then
-    mhc_pre_apply_mix's forward (apply)."""
+    sinkhorn_eps, post_mult. One launch."""
     b = plan.Builder()
     lead = _lead(num_lead)
     x = dense(b, 4, BF16, lead + ["M", "H"])
@@ -182,12 +181,10 @@ def big_fuse_fwd(kernel, apply, device, num_lead, nds, n_splits, repeat, scalars
         for other in inputs + outs[:-1]:
             b.disjoint(outs[-1], other)
     post, comb, out = outs
-    pre = b.alloc(FP32, ["T", "M"])
     rms_eps, pre_eps, sinkhorn_eps, post_mult = scalars
-    b.launch(kernel, device, PM=inputs[0], PS=inputs[1], SCALE=inputs[2], BASE=inputs[3], PRE=pre, POST=post,
-             COMB=comb, num_tokens="T", mhc_mult="M", mix_cols="N", n_splits=n_splits, rms_group_size="M * H",
+    b.launch(kernel, device, PM=inputs[0], PS=inputs[1], SCALE=inputs[2], BASE=inputs[3], X=x, POST=post, COMB=comb,
+             O=out, num_tokens="T", mhc_mult="M", hidden="H", mix_cols="N", n_splits=n_splits, rms_group_size="M * H",
              repeat=repeat, rms_eps=rms_eps, pre_eps=pre_eps, eps=sinkhorn_eps, post_mult=post_mult)  # fmt: skip
-    b.launch(apply, device, X=x, MIX=pre, O=out, num_tokens="T", mhc_mult="M", hidden="H")
     for ref, nd in zip(outs, nds):
         if nd is not None:
             b.bump(ref)

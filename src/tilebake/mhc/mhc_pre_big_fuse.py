@@ -2,10 +2,9 @@
 split-K partials to the layer's input: reduce the partials and scale by the RMSNorm factor,
 split the mixes, Sinkhorn-normalise the residual mix, and mix the streams.
 
-Validate, allocate, launch. For m <= 4 (the original's m) two kernels, for any token count and
-n_splits (the original: one kernel, multiples of 16 tokens and n_splits == 1): the mixes
-(kernels_tl/mhc/mhc_pre_big_fuse.py: reduce, RMSNorm, split and Sinkhorn, a warp a token), then
-mhc_pre_apply_mix's forward. For m = 5 to 8, on the CPU and under torch.compile, the training
+Validate, allocate, launch. For m <= 4 (the original's m) one kernel, for any token count and
+n_splits (the original: multiples of 16 tokens and n_splits == 1): kernels_tl/mhc/mhc_pre_big_fuse.py
+(reduce, RMSNorm and split a warp a token, the streams mixed, then the Sinkhorn). For m = 5 to 8, on the CPU and under torch.compile, the training
 path's four ops (mhc_reduce_partials_and_rmsnorm_fwd, mhc_pre_split_mixes_fwd, mhc_sinkhorn_fwd,
 mhc_pre_apply_mix_fwd). Both give the training path's bytes: the mix kernel does each step with
 that step's kernel's arithmetic.
@@ -32,7 +31,6 @@ from tilebake.mhc._common import (
     check_streams,
     ndim_or_none,
 )
-from tilebake.mhc.mhc_pre_apply_mix import forward_kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +45,8 @@ class MhcPreBigFuseVariant(Variant):
         return (cls(FUSED_MULT),)
 
     def params(self):
-        return ptr("PM", "PS", "SCALE", "BASE", "PRE", "POST", "COMB") + i32(
-            "num_tokens", "mhc_mult", "mix_cols", "n_splits", "rms_group_size", "repeat"
+        return ptr("PM", "PS", "SCALE", "BASE", "X", "POST", "COMB", "O") + i32(
+            "num_tokens", "mhc_mult", "hidden", "mix_cols", "n_splits", "rms_group_size", "repeat"
         ) + f32("rms_eps", "pre_eps", "eps", "post_mult")  # fmt: skip (eps: the Sinkhorn's)
 
 
@@ -146,16 +144,15 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
     comb = new((*lead, m, m), dtype=torch.float32) if comb_mix is None else comb_mix
     out = new((*lead, hidden), dtype=torch.bfloat16) if layer_input is None else layer_input
     check_aligned(residual=residual, layer_input=out)
-    pre = new((*lead, m), dtype=torch.float32)
-    mixes, apply = _KERNELS[FUSED_MULT,], forward_kernel()
+    kernel = _KERNELS[FUSED_MULT,]
     device = residual.get_device()
-    mixes(device, *(t.data_ptr() for t in (gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, pre, post, comb)),
-          num_tokens, m, m * (m + 2), n_splits, m * hidden, repeat, *scalars)  # fmt: skip
-    apply(device, residual.data_ptr(), pre.data_ptr(), out.data_ptr(), num_tokens, m, hidden)
+    kernel(device, *(t.data_ptr() for t in (gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, post, comb,
+                                            out)),
+           num_tokens, m, hidden, m * (m + 2), n_splits, m * hidden, repeat, *scalars)  # fmt: skip
     plan.bump(post_mix, comb_mix, layer_input)
     key = _key(gemm_out_mul, residual, post_mix, comb_mix, layer_input, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps,
                mhc_post_mult_value, sinkhorn_repeat, n_splits)  # fmt: skip
-    plan.remember(_PLANS, key, _plans_norm.big_fuse_fwd, mixes, apply, device, residual.ndim - 2, key[2:5], n_splits,
+    plan.remember(_PLANS, key, _plans_norm.big_fuse_fwd, kernel, device, residual.ndim - 2, key[2:5], n_splits,
                   repeat, scalars)  # fmt: skip
     return post, comb, out
 
