@@ -3,12 +3,14 @@ launch them (tilebake.mhc._mhc_ascend.launch with the CUDA kernels' arguments), 
 references (tilebake.torch.mhc): expand_to_mhc both ways and the forwards of mhc_post (fmaf is
 glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 oracles'
 tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
-within the original's tolerances (the exponential is glibc's here, torch's in the references). m = 1 .. 8, hidden sizes that are not a
+within the original's tolerances (the exponential is glibc's here, torch's in the references);
+mhc_fn_normw_merge both ways bit-equal to the CPU path. m = 1 .. 8, hidden sizes that are not a
 multiple of the 1024-column chunk, 1 token. A model, not an NPU: nothing here ran on one."""
 
 import pytest
 import torch
 
+import tilebake.mhc
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
 from tilebake.mhc import _mhc_ascend
 from tilebake.torch.mhc import (
@@ -117,3 +119,18 @@ def test_mhc_head_compute_mix_and_split_mixes(emu, tokens, m):
     torch.testing.assert_close(pre, want[0].reshape(pre.shape), rtol=1e-5, atol=2e-5)  # the original's
     torch.testing.assert_close(post, want[1].reshape(post.shape), rtol=1e-5, atol=2e-5)
     assert torch.equal(comb, want[2].reshape(comb.shape))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 8), (24, 28672), (80, 2056), (3, 1024)])
+def test_mhc_fn_normw_merge(emu, rows, cols):
+    """Both directions bit-equal to the CPU path (a product; the weight gradient's rows in order)."""
+    fn, w, og = torch.randn(rows, cols), torch.rand(cols) + 0.5, torch.randn(rows, cols)
+    out = torch.full_like(fn, float("nan"))
+    _mhc_ascend.launch("mhc_fn_normw_merge", "fwd", fn, fn.data_ptr(), w.data_ptr(), out.data_ptr(), rows, cols)
+    assert torch.equal(out, tilebake.mhc.mhc_fn_normw_merge_fwd(fn, w))
+    fg, wg = torch.full_like(fn, float("nan")), torch.full_like(w, float("nan"))
+    _mhc_ascend.launch("mhc_fn_normw_merge", "bwd", fn, fn.data_ptr(), w.data_ptr(), og.data_ptr(), fg.data_ptr(),
+                       wg.data_ptr(), rows, cols)  # fmt: skip
+    want_fg, want_wg = tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, og)
+    assert torch.equal(fg, want_fg)
+    assert torch.equal(wg, want_wg)

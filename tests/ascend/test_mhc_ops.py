@@ -68,3 +68,24 @@ def test_mhc_mix_ops_take_the_ascend_kernels(setup):
     x, y = r["sinkhorn"]
     # OUT X, then eps mhc_mult num_tokens repeat
     assert launch_args(launches[0]) == struct.pack("<2Qf3i", y, x, 1e-5, 4, 5, 3).hex()
+
+
+def test_fn_normw_merge_takes_the_ascend_kernels(setup):
+    body = """
+    fn, w = torch.randn(24, 512).as_subclass(FakeNPU), torch.rand(512).as_subclass(FakeNPU)
+    out = tilebake.mhc.mhc_fn_normw_merge_fwd(fn, w)
+    fg, wg = tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, out)
+    print(json.dumps({"ptrs": [t.data_ptr() for t in (fn, w, out, fg, wg)],
+                      "shapes": [list(t.shape) for t in (out, fg, wg)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[24, 512], [24, 512], [512]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_fn_normw_merge_fwd_kernel_kernel",
+                                                "mhc_fn_normw_merge_bwd_kernel_kernel"]  # fmt: skip
+    fn, w, out, fg, wg = r["ptrs"]
+    # FN OUT W, then num_cols num_mixes; FG FN OG W WG, then the sizes
+    assert launch_args(launches[0]) == struct.pack("<3Q2i", fn, out, w, 512, 24).hex()
+    assert launch_args(launches[1]) == struct.pack("<5Q2i", fg, fn, out, w, wg, 512, 24).hex()

@@ -1,5 +1,5 @@
 """The mhc ops on NPU tensors with Ascend 950 kernels (expand_to_mhc, mhc_post, mhc_pre_apply_mix,
-mhc_sinkhorn, both directions; the forwards of mhc_head_compute_mix and mhc_pre_split_mixes; m
+mhc_sinkhorn, mhc_fn_normw_merge, both directions; the forwards of mhc_head_compute_mix and mhc_pre_split_mixes; m
 and every size at run time): the references' arithmetic (the same bits for expand, post and
 apply-mix's forwards and expand's backward; column sums in a fixed order of their own; the
 exponential the one thing not bit-exact). The other mhc ops run their references on the NPU. Never run on an NPU here: the kernels are run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tilebake._runtime import ascend
 from tilebake.mhc.expand_to_mhc import ExpandToMhcAscendVariant
+from tilebake.mhc.mhc_fn_normw_merge import MhcFnNormwMergeAscendVariant
 from tilebake.mhc.mhc_head_compute_mix import MhcHeadComputeMixAscendVariant
 from tilebake.mhc.mhc_post import MhcPostAscendVariant
 from tilebake.mhc.mhc_pre_apply_mix import MhcPreApplyMixAscendVariant
@@ -22,14 +23,15 @@ _APPLY_MIX = ascend.AscendKernelTable(MhcPreApplyMixAscendVariant)
 _SINKHORN = ascend.AscendKernelTable(MhcSinkhornAscendVariant)
 _HEAD_MIX = ascend.AscendKernelTable(MhcHeadComputeMixAscendVariant)
 _SPLIT_MIXES = ascend.AscendKernelTable(MhcPreSplitMixesAscendVariant)
+_FN_MERGE = ascend.AscendKernelTable(MhcFnNormwMergeAscendVariant)
+_TABLES = {
+    "expand_to_mhc": "_EXPAND", "mhc_post": "_POST", "mhc_pre_apply_mix": "_APPLY_MIX", "mhc_sinkhorn": "_SINKHORN",
+    "mhc_head_compute_mix": "_HEAD_MIX", "mhc_pre_split_mixes": "_SPLIT_MIXES", "mhc_fn_normw_merge": "_FN_MERGE",
+}  # fmt: skip (by name: tests/ascend/emulator.py replaces the tables on the module)
 
 
 def launch(op: str, direction: str, like, *args) -> None:
     """op's `direction` kernel on like's NPU, with the CUDA kernel's arguments (checked,
     contiguous tensors' addresses and the sizes)."""
-    table = {
-        "expand_to_mhc": _EXPAND, "mhc_post": _POST, "mhc_pre_apply_mix": _APPLY_MIX, "mhc_sinkhorn": _SINKHORN,
-        "mhc_head_compute_mix": _HEAD_MIX, "mhc_pre_split_mixes": _SPLIT_MIXES,
-    }[op]  # fmt: skip
-    index, kernel = table.on(like, direction)
+    index, kernel = globals()[_TABLES[op]].on(like, direction)
     kernel(index, *args)

@@ -17,7 +17,7 @@ from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans_norm
-from tilebake.mhc._common import check_aligned, check_shape, check_streams
+from tilebake.mhc._common import MhcAscendVariant, check_aligned, check_shape, check_streams
 
 _SIZES = i32("num_mixes", "num_cols")
 
@@ -37,6 +37,14 @@ class MhcFnNormwMergeVariant(Variant):
         if self.direction == "fwd":
             return ptr("FN", "W", "OUT") + _SIZES
         return ptr("FN", "W", "OG", "FG", "WG") + _SIZES
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcFnNormwMergeAscendVariant(MhcAscendVariant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_fn_normw_merge.py): every size at run time."""
+
+    op = "mhc_fn_normw_merge"
+    params = MhcFnNormwMergeVariant.params
 
 
 _KERNELS = KernelTable(MhcFnNormwMergeVariant)
@@ -59,7 +67,7 @@ def _check(fn, normw):
 
 def _out(t, name, like: torch.Tensor, shape) -> torch.Tensor:
     if t is None:
-        return torch.empty(shape, dtype=torch.float32, device=like.device)
+        return like.new_empty(shape, dtype=torch.float32)
     check_streams(t, name, torch.float32, len(shape))
     check_shape(t, name, shape, like, "fn")
     if t.is_cuda:
@@ -83,6 +91,12 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: Option
     _check(fn, normw)
     out_fn = _out(out_fn, "out_fn", fn, tuple(fn.shape))
     if fn.numel() == 0:
+        return out_fn
+    if fn.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_fn_normw_merge", "fwd", fn, fn.data_ptr(), normw.data_ptr(), out_fn.data_ptr(), *fn.shape)
+        plan.bump(out_fn)
         return out_fn
     if not fn.is_cuda:
         return torch.mul(fn, normw, out=out_fn)
@@ -114,6 +128,13 @@ def mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad: Optional[torch.Tenso
         check_aligned(out_fn_grad=out_fn_grad)
     fn_grad = _out(fn_grad, "fn_grad", fn, tuple(fn.shape))
     normw_grad = _out(normw_grad, "normw_grad", fn, (fn.shape[1],))
+    if fn.device.type == "npu" and fn.numel():  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_fn_normw_merge", "bwd", fn, fn.data_ptr(), normw.data_ptr(), out_fn_grad.data_ptr(),
+               fn_grad.data_ptr(), normw_grad.data_ptr(), *fn.shape)  # fmt: skip
+        plan.bump(fn_grad, normw_grad)
+        return fn_grad, normw_grad
     if not fn.is_cuda:
         acc = torch.zeros(fn.shape[1], dtype=torch.float32)
         for n in range(fn.shape[0]):
