@@ -4,7 +4,9 @@ block quantisation to FP8 e4m3 or FP4 e2m1.
 Validate, allocate, launch. The kernel is kernels_tl/quant/per_token_cast.py; the
 reference (and the CPU path) is tilebake.torch.cast with block (1, num_per_channels). Here: the
 declarations, the hot path and the public functions; _per_token_cast_general.py: everything off
-the hot path; _cast_plans.py: the call plans of all three functions.
+the hot path; _per_token_cast_sf.py: _with_sf_only and _with_precomputed_sf past their native
+path; _per_token_cast_compile.py: the torch.library ops and the traced call; _cast_plans.py: the
+call plans of all three functions.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Optional
 import torch
 
 from tilebake import config
-from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
@@ -38,29 +39,24 @@ from tilebake.quant._common import (
     sf_strides_for_kernel,
     split_out,
 )
-from tilebake.quant._per_token_cast_general import (  # the SF_* and X_SF_* codes: kernels_tl imports them here
+from tilebake.quant._per_token_cast_compile import _compiled_path, register_ops
+from tilebake.quant._per_token_cast_general import (  # SF_* / X_SF_* codes, launch: kernels_tl, tests import them here
     _HOT_SF_MODES,
     FMTS,
     SF_E4M3,  # noqa: F401
-    SF_PLAIN,
-    SF_PRECOMPUTED,
+    SF_PLAIN,  # noqa: F401
+    SF_PRECOMPUTED,  # noqa: F401
     SF_ROUND,  # noqa: F401
-    SF_UE8M0,
+    SF_UE8M0,  # noqa: F401
     X_SF_E4M3,  # noqa: F401
     X_SF_FP32,  # noqa: F401
     X_SF_UE8M0,  # noqa: F401
-    _alloc_any_sf,
-    _alloc_data,
-    _check_any_sf,
-    _check_data_out,
-    _check_flags,
-    _check_out_sf,
-    _parse_plain_x,
     _sf_mode,
     general,
-    launch,
+    launch,  # noqa: F401
     variant_key,
 )
+from tilebake.quant._per_token_cast_sf import sf_only, with_precomputed_sf
 from tilebake.utils import ceil_div
 
 
@@ -343,47 +339,10 @@ def per_token_cast_with_sf_only(
             result = plan.run(call, x, out_sf)
             if result is not NotImplemented:
                 return result
-    check_fmt(fmt, FMTS)
-    check_num_per_channels(num_per_channels)
-    _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_sf_only")
-    num_groups = ceil_div(hidden, num_per_channels)
-    sf_mode = _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if out_sf is not None:  # the original takes none with use_tma_aligned_col_major_sf; here its layout
-        _check_out_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in, use_tma_aligned_col_major_sf)
-    clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
-    if data_in.device.type == "npu" and out_sf is None and fmt == "e4m3" and not use_e4m3_sf:
-        from tilebake.quant import _per_token_cast_ascend  # the Ascend kernels where they apply
-
-        result = _per_token_cast_ascend.per_token_cast(
-            data_in, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, None, None, False
-        )
-        if result is not None:
-            return result[1]
-    if not data_in.is_cuda:
-        from tilebake.torch import cast
-
-        sf = cast(
-            x, fmt, (1, num_per_channels), round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
-            use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, use_e4m3_sf=use_e4m3_sf, amax_clamp=clamp,
-        )[1]  # fmt: skip
-        return sf if out_sf is None else out_sf.copy_(sf)
-    sf = out_sf
-    if sf is None:
-        sf = _alloc_any_sf(data_in, num_tokens, num_groups, sf_mode, use_tma_aligned_col_major_sf)
-    if num_tokens:
-        launch(_KERNELS, data_in, in_dtype, None, None, fmt, num_per_channels, None, sf, sf_mode, clamp, 0, hidden)
-        if out_sf is not None:
-            plan.bump(out_sf)
-        plan_key = (x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                    use_e4m3_sf, out_sf is None)  # fmt: skip
-        kernel = _KERNELS[variant_key(in_dtype, fmt, num_per_channels, sf_mode, 0, 0)]
-        plan.remember(
-            _SF_ONLY_PLANS, plan_key, plans.per_token_plan, kernel, x.get_device(), x.dtype, fmt, num_per_channels,
-            sf.dtype, sf_mode == SF_UE8M0, use_tma_aligned_col_major_sf, out_sf is not None, clamp, plans.SF_ONLY,
-            sf_mode,
-        )  # fmt: skip
-    return sf
+    return sf_only(
+        _KERNELS, _SF_ONLY_PLANS, x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+        use_e4m3_sf, out_sf,
+    )  # fmt: skip
 
 
 def per_token_cast_with_precomputed_sf(
@@ -417,103 +376,13 @@ def per_token_cast_with_precomputed_sf(
             result = plan.run(call, x, sf, out)
             if result is not NotImplemented:
                 return result
-    check_fmt(fmt, FMTS)
-    check_num_per_channels(num_per_channels)
-    _check_flags(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if use_tma_aligned_col_major_sf or use_packed_ue8m0:
-        raise ValueError(
-            "per_token_cast_with_precomputed_sf needs a row-major, non-packed fp32 sf: "
-            "use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False"
-        )
-    data_in, in_dtype, num_tokens, hidden, _, _ = _parse_plain_x(x, "per_token_cast_with_precomputed_sf")
-    num_groups = ceil_div(hidden, num_per_channels)
-    _check_any_sf(sf, "sf", num_tokens, num_groups, SF_PLAIN, data_in)
-    if num_groups > 1 and num_tokens > 0 and sf.stride(1) != 1:
-        raise ValueError(f"sf must be row-major (stride(1) == 1), got strides {sf.stride()}")
-    if out is not None:
-        _check_data_out(out, "out", num_tokens, hidden, fmt, data_in)
-    if data_in.device.type == "npu" and out is None and fmt == "e4m3":  # the Ascend kernel where it applies
-        from tilebake.quant import _per_token_cast_ascend
-
-        data = _per_token_cast_ascend.with_precomputed_sf(data_in, num_per_channels, sf)
-        if data is not None:
-            return data
-    if not data_in.is_cuda:
-        from tilebake.torch.cast import cast_with_precomputed_sf
-
-        data = cast_with_precomputed_sf(x, fmt, (1, num_per_channels), sf)
-        return data if out is None else out.copy_(data)
-    data = _alloc_data(data_in, num_tokens, hidden, fmt) if out is None else out
-    if num_tokens:
-        launch(_KERNELS, data_in, in_dtype, None, None, fmt, num_per_channels, data, sf, SF_PRECOMPUTED, 0.0, 1, hidden)
-        if out is not None:
-            plan.bump(out)
-        plan_key = (x.dtype, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                    use_e4m3_sf, out is None)  # fmt: skip
-        kernel = _KERNELS[variant_key(in_dtype, fmt, num_per_channels, SF_PRECOMPUTED, 1, 0)]
-        plan.remember(
-            _PRECOMPUTED_PLANS, plan_key, plans.per_token_plan, kernel, x.get_device(), x.dtype, fmt,
-            num_per_channels, torch.float32, False, False, out is not None, 0.0, plans.PRECOMPUTED, SF_PRECOMPUTED,
-        )  # fmt: skip
-    return data
+    return with_precomputed_sf(
+        _KERNELS, _PRECOMPUTED_PLANS, x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
+        use_packed_ue8m0, use_e4m3_sf, out,
+    )  # fmt: skip
 
 
 # --- torch.library: lets torch.compile(fullgraph=True) trace the op; eager calls skip it ---
-
-
-def _op_impl(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
-    data, sf = per_token_cast(
-        x,
-        "e4m3",
-        num_per_channels,
-        use_tma_aligned_col_major_sf=col_major_sf,
-        round_sf=round_sf,
-        use_packed_ue8m0=packed_ue8m0,
-    )
-    return data, sf
-
-
-def _op_out_impl(x, num_per_channels, round_sf, packed_ue8m0, out_data, out_sf):
-    per_token_cast(
-        x, "e4m3", num_per_channels, round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf)
-    )
-
-
-# Shape functions as Meta kernels (what torch.compile's fake tensors run): registering
-# them costs nothing at import, where register_fake spends ~2 ms each reading source.
-def _meta(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0):
-    num_tokens, hidden = x.shape
-    data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    return data, alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), packed_ue8m0, col_major_sf)
-
-
-def _meta_out(x, num_per_channels, round_sf, packed_ue8m0, out_data, out_sf):
-    return None
-
-
-register(
-    "per_token_cast(Tensor x, int num_per_channels, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
-    " -> (Tensor, Tensor)",
-    _op_impl,
-    _meta,
-)
-register(
-    "per_token_cast_out(Tensor x, int num_per_channels, bool round_sf, bool packed_ue8m0,"
-    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()",
-    _op_out_impl,
-    _meta_out,
-)
-
-
-def _compiled_path(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0, data, sf):
-    """Traced: the functional op, or with any part of out= given, the missing part allocated (as
-    eager mode lays it out) and both written by the mutating op."""
-    if data is None and sf is None:
-        return torch.ops.tilebake.per_token_cast(x, num_per_channels, col_major_sf, round_sf, packed_ue8m0)
-    num_tokens, hidden = x.shape
-    if data is None:
-        data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    if sf is None:
-        sf = alloc_sf(x, num_tokens, ceil_div(hidden, num_per_channels), packed_ue8m0, col_major_sf)
-    torch.ops.tilebake.per_token_cast_out(x, num_per_channels, round_sf, packed_ue8m0, data, sf)
-    return data, sf
+# The ops, their shape functions as Meta kernels (free at import, unlike register_fake) and the
+# traced call: _per_token_cast_compile.py.
+register_ops(per_token_cast)

@@ -4,7 +4,8 @@ These functions are the bit-exact oracles for the GPU kernels. Every fp32 operat
 order given by ``spec/numerics.md``; do not "simplify" the arithmetic (e.g. ``1 / sf`` instead of
 ``fmt_max / c``), that changes bytes.
 
-Only ``torch`` and the standard library are imported, so this file can be loaded on its own.
+The storage formats (element codes, SF encodings and layouts) are in ``cast_formats.py``, whose
+public names are importable from here too.
 All arithmetic runs on the input's device (CPU or CUDA) in fp32 tensors. Divisions are always
 tensor-by-tensor (true IEEE divisions; a division by a Python scalar may become a reciprocal
 multiply on CUDA).
@@ -30,6 +31,25 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from tilebake.torch.cast_formats import (
+    _E4M3,
+    E2M1_MAGNITUDES,
+    _decode_data,
+    _decode_input_sf,
+    _encode_data,
+    _layout_sf,
+    compute_sf_and_inv,
+    e2m1_decode,
+    e2m1_encode,
+    e4m3_encode,
+    pack_e2m1,
+    pack_ue8m0,
+    round_sf_exponent,
+    to_tma_aligned_col_major,
+    ue8m0_to_fp32,
+    unpack_from_e2m1fn_x2,
+    unpack_ue8m0,
+)
 from tilebake.torch.stochastic import _fp32_bits, sr_float32_to_e2m1_codes, sr_float32_to_e4m3_bits, sr_random_bits
 from tilebake.utils import FMT_MAX, ceil_div
 
@@ -55,18 +75,12 @@ __all__ = [
 
 QuantTensor = Tuple[torch.Tensor, torch.Tensor]
 
-#: Magnitudes of the eight e2m1 codes 0..7 (bit 3 is the sign).
-E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
 _DEFAULT_AMAX_CLAMP = {
     ("e4m3", False): 1e-4,
     ("e4m3", True): 448.0 * 2.0**-9,
     ("e2m1", False): 6.0 * 2.0**-126,
     ("e2m1", True): 6.0 * 2.0**-9,
 }
-
-_E4M3 = torch.float8_e4m3fn
-_SF_INPUT_DTYPES = (torch.float32, torch.int32, torch.float8_e4m3fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,205 +137,8 @@ def _check_amax_clamp(amax_clamp, fmt: str, use_e4m3_sf: bool) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Element encodings
+# Blocks
 # ---------------------------------------------------------------------------------------------
-
-
-def e4m3_encode(q: torch.Tensor) -> torch.Tensor:
-    """fp32 ``q`` -> float8_e4m3fn: ``clamp(q, -448, 448)`` then round-to-nearest-even."""
-    return q.float().clamp(-448.0, 448.0).to(_E4M3)
-
-
-def e2m1_encode(q: torch.Tensor) -> torch.Tensor:
-    """fp32 ``q`` -> e2m1 codes (uint8, 0..15, bit 3 = sign of ``q``), per numerics.md step 4.
-
-    ``m = |q|`` with NaN and +inf mapped to 6 and clamped to at most 6; the magnitude code is
-    ``rne(2m)`` for ``m < 2``, ``rne(m) + 2`` for ``2 <= m < 4``, ``rne(m / 2) + 4`` otherwise.
-    """
-    q = q.float()
-    six = torch.full_like(q, 6.0)
-    m = q.abs()
-    m = torch.where(torch.isnan(m) | torch.isinf(m), six, m)
-    m = torch.minimum(m, six)
-    # torch.round is round-half-to-even; 2m and m/2 are exact in fp32.
-    lo = torch.round(m * 2.0)
-    mid = torch.round(m) + 2.0
-    hi = torch.round(m * 0.5) + 4.0
-    mag = torch.where(m < 2.0, lo, torch.where(m < 4.0, mid, hi)).to(torch.int32)
-    sign = torch.signbit(q).to(torch.int32) << 3
-    return (mag | sign).to(torch.uint8)
-
-
-def e2m1_decode(codes: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """e2m1 codes (any integer dtype, only the low 4 bits are used) -> values."""
-    c = codes.to(torch.int64) & 0xF
-    table = torch.tensor(E2M1_MAGNITUDES + tuple(-v for v in E2M1_MAGNITUDES), dtype=torch.float32, device=codes.device)
-    return table[c].to(out_dtype)
-
-
-def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """e2m1 codes ``[..., 2K]`` -> int8 ``[..., K]``: even element in the low nibble."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"the last dimension must be even to pack e2m1 pairs, got {tuple(codes.shape)}")
-    c = codes.to(torch.int32) & 0xF
-    lo = c[..., 0::2]
-    hi = c[..., 1::2]
-    return (lo | (hi << 4)).to(torch.uint8).view(torch.int8).contiguous()
-
-
-def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Decode packed e2m1 ``[..., K]`` int8/uint8 -> ``[..., 2K]`` values of ``out_dtype``.
-
-    The low nibble of each byte is the even element, the high nibble the odd element.
-    """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in (torch.int8, torch.uint8):
-        raise TypeError(f"x must be int8 or uint8 (packed e2m1), got {x.dtype}")
-    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
-        raise TypeError(f"out_dtype must be a floating torch.dtype, got {out_dtype!r}")
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension")
-    b = x.to(torch.int32) & 0xFF
-    codes = torch.stack((b & 0xF, (b >> 4) & 0xF), dim=-1)
-    codes = codes.reshape(*x.shape[:-1], 2 * x.shape[-1])
-    return e2m1_decode(codes, out_dtype)
-
-
-def _decode_data(data: torch.Tensor, fmt: str) -> torch.Tensor:
-    if fmt == "e4m3":
-        return data.float()
-    return unpack_from_e2m1fn_x2(data, torch.float32)
-
-
-def _encode_data(q: torch.Tensor, fmt: str) -> torch.Tensor:
-    if fmt == "e4m3":
-        return e4m3_encode(q).contiguous()
-    return pack_e2m1(e2m1_encode(q))
-
-
-# ---------------------------------------------------------------------------------------------
-# Scale factors
-# ---------------------------------------------------------------------------------------------
-
-
-def _pow2_from_biased(biased: torch.Tensor) -> torch.Tensor:
-    """int32 biased exponents -> fp32 ``2^(biased - 127)`` via the bits (0 -> 0.0, 255 -> inf)."""
-    return (biased.clamp(0, 255).to(torch.int32) << 23).view(torch.float32)
-
-
-def round_sf_exponent(s: torch.Tensor) -> torch.Tensor:
-    """Unbiased exponent ``e`` of ``s`` (> 0, fp32) rounded up to a power of two, via its bits.
-
-    ``e = ((bits(s) - 1) >> 23) + 1 - 127``, so that ``2^e >= s`` and ``2^e < 2 s``.
-    """
-    bits = s.float().contiguous().view(torch.int32)
-    return ((bits - 1) >> 23) + 1 - 127
-
-
-def compute_sf_and_inv(
-    c: torch.Tensor, fmt: str, *, round_sf: bool = False, use_e4m3_sf: bool = False
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Scale from the clamped block amax ``c`` (fp32), numerics.md step 2.
-
-    Returns ``(stored_sf, inv)``; ``stored_sf`` is fp32 (plain), float8_e4m3fn (``use_e4m3_sf``) or
-    int32 UE8M0 bytes ``e + 127`` (``round_sf``); ``inv`` is the fp32 quantising multiplier.
-    """
-    c = c.float()
-    fmt_max = torch.full_like(c, FMT_MAX[fmt])
-    if round_sf:
-        # The fp32 constant 1/fmt_max (a correctly rounded fp32 division), then a multiplication.
-        recip = torch.ones_like(c) / fmt_max
-        s = c * recip
-        e = round_sf_exponent(s)
-        return (e + 127).to(torch.int32), _pow2_from_biased(127 - e)
-    if use_e4m3_sf:
-        # Saturate like the device conversion (satfinite) instead of producing NaN above 448.
-        sf = (c / fmt_max).clamp(max=448.0).to(_E4M3)
-        inv = torch.ones_like(c) / sf.float()
-        return sf, inv
-    sf = c / fmt_max
-    inv = fmt_max / c
-    return sf, inv
-
-
-def ue8m0_to_fp32(b: torch.Tensor) -> torch.Tensor:
-    """UE8M0 bytes (integer tensor, 0..255) -> fp32 ``2^(b - 127)`` (byte 0 -> 2^-127, 255 -> inf)."""
-    b = b.to(torch.int32) & 0xFF
-    bits = torch.where(b == 0, torch.full_like(b, 1 << 22), b << 23)
-    return bits.view(torch.float32)
-
-
-def pack_ue8m0(b: torch.Tensor, along_m: bool = False) -> torch.Tensor:
-    """Pack UE8M0 bytes ``(R, C)`` into int32 words, four bytes per word, little-endian.
-
-    Along K (default): ``(R, ceil(C/4))``, byte ``i`` of word ``w`` = column ``4w + i``.
-    Along M: ``(ceil(R/4), C)``, byte ``i`` of word ``w`` = row ``4w + i``. Unused bytes are zero.
-    """
-    if along_m:
-        return pack_ue8m0(b.t(), along_m=False).t().contiguous()
-    R, C = b.shape
-    W = ceil_div(C, 4)
-    padded = torch.zeros((R, 4 * W), dtype=torch.int64, device=b.device)
-    padded[:, :C] = b.to(torch.int64) & 0xFF
-    p = padded.view(R, W, 4)
-    word = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
-    word = torch.where(word >= 2**31, word - 2**32, word)
-    return word.to(torch.int32)
-
-
-def unpack_ue8m0(words: torch.Tensor, n: int, along_m: bool = False) -> torch.Tensor:
-    """Inverse of :func:`pack_ue8m0`: int32 words -> int32 bytes, ``n`` entries along the packed dim."""
-    if along_m:
-        return unpack_ue8m0(words.t(), n, along_m=False).t().contiguous()
-    R, W = words.shape
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=words.device)
-    b = (w.unsqueeze(-1) >> shifts) & 0xFF
-    return b.reshape(R, 4 * W)[:, :n].to(torch.int32)
-
-
-def to_tma_aligned_col_major(sf: torch.Tensor) -> torch.Tensor:
-    """Store ``sf`` ``(R, C)`` column-major with ``R`` padded to 16 bytes; return the ``(R, C)`` view.
-
-    The returned tensor has stride ``(1, padded_R)``; the padding entries are zero.
-    """
-    R, C = sf.shape
-    align = max(1, 16 // sf.element_size())
-    padded_r = ceil_div(R, align) * align
-    buf = torch.zeros((C, padded_r), dtype=sf.dtype, device=sf.device)
-    if R and C:
-        buf[:, :R] = sf.t()
-    return buf.t()[:R]
-
-
-def _decode_input_sf(sf: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torch.Tensor:
-    """Input SF (fp32 / packed UE8M0 int32 / e4m3; any strides) -> fp32 ``(ceil(T/bm), ceil(H/bk))``.
-
-    A column-major (TMA-aligned) SF is the transposed view of the same logical shape, so it is read
-    through its strides like any other view.
-    """
-    Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
-    if not isinstance(sf, torch.Tensor):
-        raise TypeError(f"x[1] (the SF) must be a torch.Tensor, got {type(sf).__name__}")
-    if sf.dtype not in _SF_INPUT_DTYPES:
-        raise TypeError(f"x[1] (the SF) must be float32, int32 (packed UE8M0) or float8_e4m3fn, got {sf.dtype}")
-    if sf.dim() != 2:
-        raise ValueError(f"x[1] (the SF) must be 2-D, got shape {tuple(sf.shape)}")
-    if sf.dtype == torch.int32:
-        along_m = bk == 1
-        expected = (ceil_div(Tb, 4), Kb) if along_m else (Tb, ceil_div(Kb, 4))
-        if tuple(sf.shape) != expected:
-            raise ValueError(
-                f"x[1] (packed UE8M0 SF) must have shape {expected} for T={T}, H={H}, "
-                f"x_block_size={(bm, bk)}, got {tuple(sf.shape)}"
-            )
-        return ue8m0_to_fp32(unpack_ue8m0(sf, Tb if along_m else Kb, along_m=along_m))
-    if tuple(sf.shape) != (Tb, Kb):
-        raise ValueError(
-            f"x[1] (the SF) must have shape {(Tb, Kb)} for T={T}, H={H}, x_block_size={(bm, bk)}, got {tuple(sf.shape)}"
-        )
-    return sf.float()
 
 
 def _expand_blocks(s: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torch.Tensor:
@@ -402,16 +219,6 @@ def _parse_input(x, x_block_size) -> _Input:
 # ---------------------------------------------------------------------------------------------
 # Public references
 # ---------------------------------------------------------------------------------------------
-
-
-def _layout_sf(stored: torch.Tensor, bk: int, packed: bool, col_major: bool) -> torch.Tensor:
-    if packed:
-        stored = pack_ue8m0(stored, along_m=(bk == 1))
-    elif stored.dtype == torch.int32:  # UE8M0 bytes kept as fp32 powers of two
-        stored = _pow2_from_biased(stored)
-    if col_major:
-        return to_tma_aligned_col_major(stored)
-    return stored.contiguous()
 
 
 def cast(
