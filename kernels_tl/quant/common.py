@@ -136,7 +136,7 @@ def e2m1_value(code):
 
 # --- Element codecs and stochastic rounding (expression builders: call them inside a prim_func) ---
 #
-# Each returns a TIR expression; the references are in src/tilebake/torch/cast.py (e2m1) and
+# Each returns a TIR expression; the references are in src/tilebake/torch/cast_formats.py (e2m1) and
 # src/tilebake/torch/stochastic.py (SR, the hash), written step for step the same way.
 
 

@@ -4,7 +4,7 @@ references (tilebake.torch.mhc): expand_to_mhc both ways and the forwards of mhc
 glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 oracles'
 tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
 within the original's tolerances (the exponential is glibc's here, torch's in the references);
-mhc_fn_normw_merge both ways bit-equal to the CPU path. m = 1 .. 8, hidden sizes that are not a
+mhc_fn_normw_merge both ways bit-equal to the CPU path; the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden sizes that are not a
 multiple of the 1024-column chunk, 1 token. A model, not an NPU: nothing here ran on one."""
 
 import pytest
@@ -13,14 +13,17 @@ import torch
 import tilebake.mhc
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
 from tilebake.mhc import _mhc_ascend
+from tilebake.mhc import mhc_pre_split_mixes as split_mixes
 from tilebake.torch.mhc import (
     expand_to_mhc_bwd_ref,
     expand_to_mhc_ref,
+    mhc_head_compute_mix_bwd_ref,
     mhc_head_compute_mix_ref,
     mhc_post_bwd_ref,
     mhc_post_ref,
     mhc_pre_apply_mix_bwd_ref,
     mhc_pre_apply_mix_ref,
+    mhc_pre_split_mixes_bwd_ref,
     mhc_pre_split_mixes_ref,
     sinkhorn_bwd_ordered_ref,
     sinkhorn_ordered_ref,
@@ -134,3 +137,38 @@ def test_mhc_fn_normw_merge(emu, rows, cols):
     want_fg, want_wg = tilebake.mhc.mhc_fn_normw_merge_bwd(fn, w, og)
     assert torch.equal(fg, want_fg)
     assert torch.equal(wg, want_wg)
+
+
+@pytest.mark.parametrize("tokens, m, parts", [(1, 1, 1), (333, 4, 64), (9, 8, 4), (130, 3, 7)])
+def test_mhc_head_compute_mix_bwd(emu, tokens, m, parts):
+    """x_grad within 1e-5 of the reference (the exponential is glibc's here); the partial rows, of
+    the CUDA kernel's token split, within 1e-5 of their float64 sums."""
+    g, x, scale, base = torch.randn(tokens, m), torch.randn(tokens, m), torch.rand(1) + 0.5, torch.randn(m)
+    xg, sp, bp = torch.full_like(x, float("nan")), torch.full((parts, 1), float("nan")), torch.full((parts, m), float("nan"))
+    _mhc_ascend.launch("mhc_head_compute_mix", "bwd", x, *(t.data_ptr() for t in (g, x, scale, base, xg, sp, bp)), tokens,
+                       m, parts)  # fmt: skip
+    want = mhc_head_compute_mix_bwd_ref(g, x, scale, base, parts)
+    torch.testing.assert_close(xg, want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sp, want[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bp, want[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens, m, parts", [(1, 1, 1), (333, 4, 64), (9, 8, 9), (130, 3, 7)])
+def test_mhc_pre_split_mixes_bwd(emu, tokens, m, parts):
+    """mixes_grad within 1e-5 of the reference (the exponential is glibc's here); the scale and base
+    gradients, partial rows then their sum, within 1e-5 of the float64 sums; the rows' padding 0."""
+    cols, width = m * (m + 2), split_mixes.partial_cols(m)
+    mixes, scale, base = torch.randn(tokens, cols), torch.rand(3) + 0.5, torch.randn(cols)
+    grads = torch.randn(tokens, m), torch.randn(tokens, m), torch.randn(tokens, m * m)
+    mixes_grad, part = torch.full_like(mixes, float("nan")), torch.full((parts, width), float("nan"))
+    scale_grad, base_grad = torch.full((3,), float("nan")), torch.full((cols,), float("nan"))
+    _mhc_ascend.launch("mhc_pre_split_mixes", "bwd", mixes, *(t.data_ptr() for t in (*grads, mixes, scale, base,
+                                                                                     mixes_grad, part)),
+                       tokens, m, cols, parts, width, 2.0)  # fmt: skip
+    _mhc_ascend.launch("mhc_pre_split_mixes", "bwd_reduce", mixes, part.data_ptr(), scale_grad.data_ptr(),
+                       base_grad.data_ptr(), parts, width, cols)  # fmt: skip
+    want = mhc_pre_split_mixes_bwd_ref(*grads, mixes, scale, base, 2.0)
+    torch.testing.assert_close(mixes_grad, want[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scale_grad, want[1], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(base_grad, want[2], rtol=1e-5, atol=1e-5)
+    assert torch.equal(part[:, 3 + cols :], torch.zeros(parts, width - 3 - cols))

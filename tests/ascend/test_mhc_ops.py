@@ -89,3 +89,47 @@ def test_fn_normw_merge_takes_the_ascend_kernels(setup):
     # FN OUT W, then num_cols num_mixes; FG FN OG W WG, then the sizes
     assert launch_args(launches[0]) == struct.pack("<3Q2i", fn, out, w, 512, 24).hex()
     assert launch_args(launches[1]) == struct.pack("<5Q2i", fg, fn, out, w, wg, 512, 24).hex()
+
+
+def test_head_compute_mix_bwd_takes_the_ascend_kernel(setup):
+    """A partial row a vector core by default (the stand-in NPU's count), or the rows given."""
+    body = """
+    g, x = torch.randn(5, 4).as_subclass(FakeNPU), torch.randn(5, 4).as_subclass(FakeNPU)
+    scale, base = torch.ones(1).as_subclass(FakeNPU), torch.zeros(4).as_subclass(FakeNPU)
+    xg, sp, bp = tilebake.mhc.mhc_head_compute_mix_bwd(g, x, scale, base)
+    parts = tilebake.mhc.mhc_head_compute_mix_bwd(g, x, scale, base, num_sms=3)[1:]
+    print(json.dumps({"ptrs": [t.data_ptr() for t in (g, x, scale, base, xg, sp, bp)],
+                      "shapes": [list(t.shape) for t in (xg, sp, bp, *parts)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_head_compute_mix_bwd_kernel_kernel"] * 2
+    cores = r["shapes"][1][0]
+    assert r["shapes"] == [[5, 4], [cores, 1], [cores, 4], [3, 1], [3, 4]] and cores > 1
+    g, x, scale, base, xg, sp, bp = r["ptrs"]
+    # BASE BP G SCALE SP X XG, then mhc_mult num_partials num_tokens
+    assert launch_args(launches[0]) == struct.pack("<7Q3i4x", base, bp, g, scale, sp, x, xg, 4, cores, 5).hex()
+
+
+def test_split_mixes_bwd_takes_the_ascend_kernels(setup):
+    """The partial rows (one a vector core, at most one a token), then their sum."""
+    body = """
+    mixes = torch.randn(5, 24).as_subclass(FakeNPU)
+    grads = [torch.randn(*s).as_subclass(FakeNPU) for s in ((5, 4, 1), (5, 4, 1), (5, 4, 4))]
+    scale, base = torch.ones(3).as_subclass(FakeNPU), torch.zeros(24).as_subclass(FakeNPU)
+    got = tilebake.mhc.mhc_pre_split_mixes_bwd(*grads, mixes, grads[1], scale, base, mhc_post_mult_value=2.0)
+    print(json.dumps({"ptrs": [t.data_ptr() for t in got], "shapes": [list(t.shape) for t in got]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[5, 24], [3], [24]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_pre_split_mixes_bwd_kernel_kernel",
+                                                "mhc_pre_split_mixes_bwd_reduce_kernel_kernel"]  # fmt: skip
+    _, scale_grad, base_grad = r["ptrs"]
+    # BG PART SG, then mix_cols num_cols num_partials: 5 rows (one a token) of 3 + 24 columns padded to 28
+    part = struct.unpack_from("<Q", bytes.fromhex(launch_args(launches[1])), 8)[0]
+    assert launch_args(launches[1]) == struct.pack("<3Q3i4x", base_grad, part, scale_grad, 24, 28, 5).hex()

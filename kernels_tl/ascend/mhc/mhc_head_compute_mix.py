@@ -1,13 +1,21 @@
-"""mhc_head_compute_mix_fwd for Ascend 950 (build time only), read from
-tilebake.mhc.mhc_head_compute_mix.MhcHeadComputeMixAscendVariant: out[t, i] = 1 / (1 + exp(-(x[t, i]
-* scale + base[i]))) + eps (tilebake.torch.mhc.mhc_head_compute_mix_ref; the exponential the one
-thing not bit-exact). A SIMT thread a (token, stream) item, on GM: a block per vector core, each
-taking steps core, core + num_vec_cores, ... of THREADS items. Built and lowered here, never run
-on an NPU: checked on the CPU by tests/ascend/test_emulated_mhc.py.
+"""mhc_head_compute_mix_fwd / _bwd for Ascend 950 (build time only), read from
+tilebake.mhc.mhc_head_compute_mix.MhcHeadComputeMixAscendVariant.
+
+fwd: out[t, i] = 1 / (1 + exp(-(x[t, i] * scale + base[i]))) + eps
+(tilebake.torch.mhc.mhc_head_compute_mix_ref; the exponential the one thing not bit-exact). A SIMT
+thread a (token, stream) item, on GM: a block per vector core, each taking steps core, core +
+num_vec_cores, ... of THREADS items.
+bwd: gy = g s (1 - s) with s recomputed, x_grad = gy * scale; partial row b sums the tokens
+[b ceil(T / P), ...) (the CUDA kernel's split): base_p[b, i] = the sum of gy[t, i] over them in
+token order, scale_p[b] = the sum over the streams in order of each stream's sum of gy x. A vector
+core the rows core, core + num_vec_cores, ...; a SIMT thread a stream, on GM (the sums kept in
+the unified buffer). Built and lowered here, never run on an NPU: checked on the CPU by
+tests/ascend/test_emulated_mhc.py.
 """
 
 import tilelang.ascend.language as T
 
+from tilebake.mhc._common import MAX_MHC_MULT
 from tilebake.mhc.mhc_head_compute_mix import MhcHeadComputeMixAscendVariant
 
 THREADS = 128
@@ -17,6 +25,8 @@ def build(v: MhcHeadComputeMixAscendVariant):
     n = T.dynamic("num_tokens")
     m = T.dynamic("mhc_mult")
     CORES = v.num_vec_cores
+    if v.direction == "bwd":
+        return _backward(n, m, CORES)
 
     @T.prim_func
     def mhc_head_compute_mix_fwd_kernel(
@@ -36,3 +46,57 @@ def build(v: MhcHeadComputeMixAscendVariant):
                         OUT[i // m, i % m] = T.float32(1) / (T.float32(1) + T.exp(-y)) + pre_eps
 
     return mhc_head_compute_mix_fwd_kernel
+
+
+def _backward(n, m, CORES):
+    M = MAX_MHC_MULT
+    parts = T.dynamic("num_partials")
+
+    @T.prim_func
+    def mhc_head_compute_mix_bwd_kernel(
+        G: T.Tensor((n, m), "float32"),
+        X: T.Tensor((n, m), "float32"),
+        SCALE: T.Tensor((1,), "float32"),
+        BASE: T.Tensor((m,), "float32"),
+        XG: T.Tensor((n, m), "float32"),
+        SP: T.Tensor((parts, 1), "float32"),
+        BP: T.Tensor((parts, m), "float32"),
+    ):
+        with T.Kernel(CORES) as core:
+            sums = T.alloc_shared((2, M), "float32")  # a stream's base and scale sums
+            per = T.ceildiv(n, parts)
+            for r in T.serial(T.ceildiv(parts - core, CORES)):
+                b = core + r * CORES
+                with T.SimtVF(threads=M):
+                    i = T.get_thread_binding()
+                    y = T.alloc_var("float32")
+                    s = T.alloc_var("float32")
+                    gy = T.alloc_var("float32")
+                    prod = T.alloc_var("float32")
+                    sums[0, i] = T.float32(0)
+                    sums[1, i] = T.float32(0)
+                    if i < m:
+                        for k in T.serial(per):
+                            t = b * per + k
+                            if t < n:
+                                y = X[t, i] * SCALE[0] + BASE[i]
+                                s = T.float32(1) / (T.float32(1) + T.exp(-y))
+                                prod = T.float32(1) - s
+                                prod = s * prod
+                                gy = G[t, i] * prod
+                                XG[t, i] = gy * SCALE[0]
+                                sums[0, i] = sums[0, i] + gy
+                                prod = gy * X[t, i]
+                                sums[1, i] = sums[1, i] + prod
+                with T.SimtVF(threads=M):  # the row: streams in order
+                    i = T.get_thread_binding()
+                    acc = T.alloc_var("float32")
+                    if i < m:
+                        BP[b, i] = sums[0, i]
+                    if i == 0:
+                        acc = sums[1, 0]
+                        for j in T.serial(m - 1):
+                            acc = acc + sums[1, j + 1]
+                        SP[b, 0] = acc
+
+    return mhc_head_compute_mix_bwd_kernel

@@ -42,10 +42,9 @@ class MhcHeadComputeMixVariant(Variant):
 
 @dataclasses.dataclass(frozen=True)
 class MhcHeadComputeMixAscendVariant(MhcAscendVariant):
-    """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_head_compute_mix.py); the backward runs the reference."""
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_head_compute_mix.py): m and every size at run time."""
 
     op = "mhc_head_compute_mix"
-    DIRECTIONS = ("fwd",)
     params = MhcHeadComputeMixVariant.params
 
 
@@ -120,13 +119,17 @@ def mhc_head_compute_mix_fwd(input_mix, mhc_scale, mhc_base, output_mix: Optiona
     return out
 
 
-def _num_partials(scale_partial, base_partial, num_sms, on_cuda: bool) -> int:
+def _num_partials(scale_partial, base_partial, num_sms, like: torch.Tensor) -> int:
     for t in (scale_partial, base_partial):
         if t is not None:
             check_streams(t, "mhc_scale_grad_partial" if t is scale_partial else "mhc_base_grad_partial", torch.float32, 2)
             return t.shape[0]
-    if num_sms is None:
-        return config.get_num_sms() if on_cuda else 1  # the CPU path: one row
+    if num_sms is None:  # a row an SM or vector core; the CPU path: one row
+        if like.device.type == "npu":
+            from tilebake._runtime import ascend
+
+            return ascend.vector_cores(ascend.device_index(like))
+        return config.get_num_sms() if like.is_cuda else 1
     return check_int(num_sms, "num_sms", 1)
 
 
@@ -139,7 +142,8 @@ def mhc_head_compute_mix_bwd(output_mix_grad, input_mix, mhc_scale, mhc_base,
     (P, 1), mhc_base_grad_partial (P, m)), written into the given tensors (else new ones). Row b
     of the partials sums the tokens [b * ceil(T / P), ...) in a fixed order (two runs give the
     same bits); summing the P rows gives the scale and base gradients. P: the given partials'
-    dim 0, else num_sms, else tilebake.config.get_num_sms() (1 on the CPU; any P >= 1)."""
+    dim 0, else num_sms, else tilebake.config.get_num_sms() (an NPU's vector cores on an NPU, 1 on
+    the CPU; any P >= 1)."""
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
             call = _PLANS["bwd", input_mix.ndim, input_mix_grad is None, mhc_scale_grad_partial is None,
@@ -155,7 +159,7 @@ def mhc_head_compute_mix_bwd(output_mix_grad, input_mix, mhc_scale, mhc_base,
     num_tokens, m = _check(input_mix, mhc_scale, mhc_base, token_block_size)
     check_streams(output_mix_grad, "output_mix_grad", torch.float32, 1)
     check_shape(output_mix_grad, "output_mix_grad", input_mix.shape, input_mix, "input_mix")
-    parts = _num_partials(mhc_scale_grad_partial, mhc_base_grad_partial, num_sms, input_mix.is_cuda)
+    parts = _num_partials(mhc_scale_grad_partial, mhc_base_grad_partial, num_sms, input_mix)
     if parts < 1:
         raise ValueError(f"the partials must have at least one row, got {parts}")
     for t, name, shape in ((input_mix_grad, "input_mix_grad", input_mix.shape),
@@ -168,9 +172,17 @@ def mhc_head_compute_mix_bwd(output_mix_grad, input_mix, mhc_scale, mhc_base,
         got = torch.ops.tilebake.mhc_head_compute_mix_bwd(output_mix_grad, input_mix, mhc_scale, mhc_base, parts)
         given = (input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial)
         return tuple(g if o is None else o.copy_(g) for g, o in zip(got, given))
-    x_grad = torch.empty_like(input_mix) if input_mix_grad is None else input_mix_grad
+    x_grad = input_mix.new_empty(input_mix.shape) if input_mix_grad is None else input_mix_grad
     sp = input_mix.new_empty((parts, 1)) if mhc_scale_grad_partial is None else mhc_scale_grad_partial
     bp = input_mix.new_empty((parts, m)) if mhc_base_grad_partial is None else mhc_base_grad_partial
+    if num_tokens and input_mix.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_head_compute_mix", "bwd", input_mix, *(t.data_ptr() for t in (output_mix_grad, input_mix, mhc_scale,
+                                                                                   mhc_base, x_grad, sp, bp)),
+               num_tokens, m, parts)  # fmt: skip
+        plan.bump(input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial)
+        return x_grad, sp, bp
     if num_tokens == 0 or not input_mix.is_cuda:
         from tilebake.torch.mhc import mhc_head_compute_mix_bwd_ref
 

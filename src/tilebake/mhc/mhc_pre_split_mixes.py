@@ -51,10 +51,11 @@ class MhcPreSplitMixesVariant(Variant):
 
 @dataclasses.dataclass(frozen=True)
 class MhcPreSplitMixesAscendVariant(MhcAscendVariant):
-    """The Ascend 950 forward (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py); the backward runs the reference."""
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py): the CUDA kernels' three,
+    m and every size at run time."""
 
     op = "mhc_pre_split_mixes"
-    DIRECTIONS = ("fwd",)
+    DIRECTIONS = ("fwd", "bwd", "bwd_reduce")
     params = MhcPreSplitMixesVariant.params
 
 
@@ -207,6 +208,19 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mi
     mix_grad = torch.empty_like(input_mixes) if input_mixes_grad is None else input_mixes_grad
     scale_grad = torch.empty_like(mhc_scale) if mhc_scale_grad is None else mhc_scale_grad
     base_grad = torch.empty_like(mhc_base) if mhc_base_grad is None else mhc_base_grad
+    if num_tokens and input_mixes.device.type == "npu":  # the Ascend kernels: a partial row a vector core
+        from tilebake._runtime import ascend
+        from tilebake.mhc._mhc_ascend import launch
+
+        parts, cols = min(ascend.vector_cores(ascend.device_index(input_mixes)), num_tokens), partial_cols(m)
+        partial = input_mixes.new_empty((parts, cols))
+        launch("mhc_pre_split_mixes", "bwd", input_mixes, *(t.data_ptr() for t in (*grads, input_mixes, mhc_scale,
+                                                                                     mhc_base, mix_grad, partial)),
+               num_tokens, m, m3, parts, cols, post_mult)  # fmt: skip
+        launch("mhc_pre_split_mixes", "bwd_reduce", input_mixes, partial.data_ptr(), scale_grad.data_ptr(),
+               base_grad.data_ptr(), parts, cols, m3)  # fmt: skip
+        plan.bump(input_mixes_grad, mhc_scale_grad, mhc_base_grad)
+        return mix_grad, scale_grad, base_grad
     if num_tokens == 0 or not input_mixes.is_cuda:
         from tilebake.torch.mhc import mhc_pre_split_mixes_bwd_ref
 
