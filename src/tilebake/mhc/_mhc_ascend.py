@@ -1,5 +1,5 @@
 """The mhc ops on NPU tensors with Ascend 950 kernels (expand_to_mhc, mhc_post, mhc_pre_apply_mix,
-mhc_sinkhorn, mhc_fn_normw_merge, mhc_head_compute_mix, both directions; mhc_pre_split_mixes' forward; m
+mhc_sinkhorn, mhc_fn_normw_merge, mhc_head_compute_mix and mhc_pre_split_mixes, both directions; m
 and every size at run time): the references' arithmetic (the same bits for expand, post and
 apply-mix's forwards and expand's backward; column sums in a fixed order of their own; the
 exponential the one thing not bit-exact). The other mhc ops run their references on the NPU. Never run on an NPU here: the kernels are run
