@@ -88,7 +88,7 @@ def test_post_bwd_plan_takes_its_kernels_rows(wide):
 
 @pytest.mark.parametrize("given", [False, True])
 def test_pre_apply_mix_plans(given):
-    fwd = ManifestKernel(pre.MhcPreApplyMixVariant("fwd"))
+    fwd = built(pre.MhcPreApplyMixVariant(*pre.forward_key(M)))
     bwd = built(pre.MhcPreApplyMixVariant(*pre.backward_key(M, H)))
     x, mix, og = bf16(*LEAD, M, H), torch.rand(*LEAD, M, 1), bf16(*LEAD, H)
     o = torch.empty(*LEAD, H).bfloat16() if given else None
@@ -107,6 +107,8 @@ def test_pre_apply_mix_plans(given):
     x5, mix5 = bf16(*LEAD, 5, H), torch.rand(*LEAD, 5, 1)
     assert trace(bwd_plan, og, x5, mix5, bf16(*LEAD, 5, H) if given else None)[0] is NotImplemented
     assert trace(_plans.pre_apply_mix_fwd(fwd, 0, 2, True, given), x, mix, o)[0] is NotImplemented  # mix (..., M, 1)
+    fwd_plan = _plans.pre_apply_mix_fwd(fwd, 0, 2, False, given)  # m = 5: the 8-stream variant's call
+    assert trace(fwd_plan, x5, mix5, o)[0] is NotImplemented
 
 
 def built(variant) -> ManifestKernel:

@@ -47,10 +47,43 @@ def candidate_configs():
 
 def build(v: MhcPreApplyMixVariant, cfg: LaunchConfig = None):
     """The variant's kernel (its threads and register streams), or bench/tune.py's candidate cfg."""
-    cfg = cfg or dataclasses.replace(DEFAULT_CONFIG, threads=v.threads, max_m=v.max_mult)
+    cfg = cfg or dataclasses.replace(DEFAULT_CONFIG, threads=v.threads, max_m=v.max_mult, column_loop=v.column_loop)
     if v.direction == "fwd":
         return _forward(cfg.threads, cfg.tokens, cfg.max_m, cfg.column_loop)
     return _backward(cfg.threads, cfg.max_m)
+
+
+def vector_mixer(n, m, h, TOKENS, MAX_M, W_BY_TOKEN: bool):
+    """A macro: o[t0 + u, vec's 8 columns] = w[0] x[0] + w[1] x[1] + ... (fp32, each product and sum
+    rounded on its own, streams in order, one bf16 rounding) for the TOKENS tokens from t0 (those
+    below n), every vector's load issued first (one DRAM latency); w = W[t, i] (W_BY_TOKEN: the
+    tokens' mixes, (n, m)) or W[u, i] (a CTA's (TOKENS, m) copy). Also mhc_pre_big_fuse's."""
+
+    @T.macro
+    def mix(X, O, t0, vec, xs, acc, ys, W):
+        if vec * VEC < h:
+            for u in T.unroll(TOKENS):  # every vector in flight at once: one DRAM latency
+                if t0 + u < n:
+                    for i in T.unroll(MAX_M):
+                        if i < m:
+                            for j in T.vectorized(VEC):
+                                xs[u, i, j] = X[t0 + u, i, vec * VEC + j]
+            for u in T.unroll(TOKENS):
+                t = t0 + u
+                if t < n:
+                    for j in T.unroll(VEC):
+                        acc[j] = T.ieee_mul(W[t if W_BY_TOKEN else u, 0], T.cast(xs[u, 0, j], "float32"))
+                    for i in T.unroll(MAX_M - 1):
+                        if i + 1 < m:
+                            w = W[t if W_BY_TOKEN else u, i + 1]
+                            for j in T.unroll(VEC):
+                                acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
+                    for j in T.unroll(VEC):
+                        ys[j] = T.cast(acc[j], "bfloat16")
+                    for j in T.vectorized(VEC):
+                        O[t, vec * VEC + j] = ys[j]
+
+    return mix
 
 
 def _forward(THREADS, FWD_TOKENS, MAX_M, COLUMN_LOOP=False):
@@ -59,6 +92,7 @@ def _forward(THREADS, FWD_TOKENS, MAX_M, COLUMN_LOOP=False):
     h = T.dynamic("hidden")
     COLUMN_BLOCKS = 1 if COLUMN_LOOP else T.ceildiv(h, THREADS * VEC)  # the grid's
     STEPS = T.ceildiv(h, THREADS * VEC) if COLUMN_LOOP else 1  # a CTA's
+    mix = vector_mixer(n, m, h, FWD_TOKENS, MAX_M, True)
 
     @T.prim_func
     def mhc_pre_apply_mix_fwd_kernel(
@@ -80,27 +114,7 @@ def _forward(THREADS, FWD_TOKENS, MAX_M, COLUMN_LOOP=False):
             vec = T.alloc_var("int32")
             for k in T.serial(STEPS):
                 vec = (b + k) * THREADS + tx
-                if vec * VEC < h:
-                    for u in T.unroll(FWD_TOKENS):  # every vector in flight at once: one DRAM latency
-                        if tb * FWD_TOKENS + u < n:
-                            for i in T.unroll(MAX_M):
-                                if i < m:
-                                    for j in T.vectorized(VEC):
-                                        xs[u, i, j] = X[tb * FWD_TOKENS + u, i, vec * VEC + j]
-                    for u in T.unroll(FWD_TOKENS):
-                        t = tb * FWD_TOKENS + u
-                        if t < n:
-                            for j in T.unroll(VEC):
-                                acc[j] = T.ieee_mul(MIX[t, 0], T.cast(xs[u, 0, j], "float32"))
-                            for i in T.unroll(MAX_M - 1):
-                                if i + 1 < m:
-                                    w = MIX[t, i + 1]
-                                    for j in T.unroll(VEC):
-                                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(w, T.cast(xs[u, i + 1, j], "float32")))
-                            for j in T.unroll(VEC):
-                                ys[j] = T.cast(acc[j], "bfloat16")
-                            for j in T.vectorized(VEC):
-                                O[t, vec * VEC + j] = ys[j]
+                mix(X, O, tb * FWD_TOKENS, vec, xs, acc, ys, MIX)
 
     return mhc_pre_apply_mix_fwd_kernel
 

@@ -19,6 +19,7 @@ import dataclasses
 
 import tilelang.language as T
 
+from kernels_tl.mhc.mhc_pre_apply_mix import vector_mixer
 from kernels_tl.mhc.mhc_pre_split_mixes import scaled, sigmoid
 from kernels_tl.mhc.mhc_reduce_partials_and_rmsnorm import rms_rstd
 from kernels_tl.mhc.mhc_sinkhorn import sinkhorn_ops
@@ -52,6 +53,7 @@ def build(v: MhcPreBigFuseVariant, cfg: LaunchConfig = None):
     m3 = T.dynamic("mix_cols")  # m (m + 2), passed: TileLang cannot bind m from it
     splits = T.dynamic("n_splits")
     sk = sinkhorn_ops(MM, m)
+    mix_streams = vector_mixer(n, m, h, TOKENS, MM, False)
 
     @T.prim_func
     def mhc_pre_big_fuse_kernel(
@@ -110,25 +112,7 @@ def build(v: MhcPreBigFuseVariant, cfg: LaunchConfig = None):
             # 2. the streams mixed, o = pre[0] x[0] + pre[1] x[1] + ... in order, one bf16 rounding
             for k in T.serial(T.ceildiv(h, THREADS * VEC)):
                 vec = k * THREADS + tx
-                if vec * VEC < h:
-                    for u in T.unroll(TOKENS):  # every vector in flight at once: one DRAM latency
-                        if tb * TOKENS + u < n:
-                            for i in T.unroll(MM):
-                                if i < m:
-                                    for j in T.vectorized(VEC):
-                                        xs[u, i, j] = X[tb * TOKENS + u, i, vec * VEC + j]
-                    for u in T.unroll(TOKENS):
-                        if tb * TOKENS + u < n:
-                            for j in T.unroll(VEC):
-                                acc[j] = T.ieee_mul(pre[u, 0], T.cast(xs[u, 0, j], "float32"))
-                            for i in T.unroll(MM - 1):
-                                if i + 1 < m:
-                                    for j in T.unroll(VEC):
-                                        acc[j] = T.ieee_add(acc[j], T.ieee_mul(pre[u, i + 1], T.cast(xs[u, i + 1, j], "float32")))
-                            for j in T.unroll(VEC):
-                                ys[j] = T.cast(acc[j], "bfloat16")
-                            for j in T.vectorized(VEC):
-                                O[tb * TOKENS + u, vec * VEC + j] = ys[j]
+                mix_streams(X, O, tb * TOKENS, vec, xs, acc, ys, pre)
             # 3. comb element (i, j) of lane i * MM + j: the raw entry from lane 2m + i m + j
             i = c // MM
             j = c % MM

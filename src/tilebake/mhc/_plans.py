@@ -99,11 +99,12 @@ def post_bwd(kernel, device, num_lead, flat_post, rows: str):
 
 
 def pre_apply_mix_fwd(kernel, device, num_lead, flat_mix, given):
-    """run(x (..., M, H), mix, o or None) -> o."""
+    """run(x (..., M, H), mix, o or None) -> o, m up to the kernel's max_mult."""
     b = plan.Builder()
     lead = _lead(num_lead)
     x = dense(b, 0, BF16, lead + ["M", "H"])
     sizes(b, num_lead)
+    b.check(f"M <= {kernel.variant.max_mult}")
     mix = dense(b, 1, FP32, _mix_dims(lead, flat_mix))
     o = dense(b, 2, BF16, lead + ["H"]) if given else b.alloc(BF16, lead + ["H"])
     b.launch(kernel, device, X=x, MIX=mix, O=o, num_tokens="T", mhc_mult="M", hidden="H")

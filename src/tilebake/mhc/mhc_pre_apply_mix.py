@@ -34,6 +34,15 @@ from tilebake.mhc._common import (
 _SIZES = i32("num_tokens", "mhc_mult", "hidden")
 BWD_THREADS = tuple(range(128, 1025, 128))  # the backward's CTA sizes for m <= BWD_MULT
 BWD_MULT = 4
+# The forward for m <= FWD_MULT: 256 threads stepping over a token pair's columns with 4-stream
+# registers (H200 session 20, CUPTI at 8192 x 4 x 7168: 4278 GB/s against 4220 for the 128-thread
+# column blocks with 8-stream registers that m = 5 to 8 take)
+FWD_MULT = 4
+
+
+def forward_key(mhc_mult: int) -> tuple:
+    """The forward's variant for m streams."""
+    return ("fwd", 256, FWD_MULT, True) if mhc_mult <= FWD_MULT else ("fwd", 128, MAX_MHC_MULT, False)
 
 
 def backward_key(mhc_mult: int, hidden: int) -> tuple:
@@ -52,11 +61,12 @@ class MhcPreApplyMixVariant(Variant):
     direction: str  # 'fwd' | 'bwd'
     threads: int = 128  # a CTA's
     max_mult: int = MAX_MHC_MULT  # the streams its register arrays hold
+    column_loop: bool = False  # the forward: a CTA steps over its tokens' columns (else a column block a CTA)
 
     @classmethod
     def all(cls):
         bwd = tuple(cls("bwd", t, BWD_MULT) for t in BWD_THREADS)
-        return (cls("fwd"), cls("bwd"), *bwd)
+        return (cls(*forward_key(MAX_MHC_MULT)), cls(*forward_key(1)), cls("bwd"), *bwd)
 
     def params(self):
         if self.direction == "fwd":
@@ -75,9 +85,6 @@ class MhcPreApplyMixAscendVariant(MhcAscendVariant):
 _KERNELS = KernelTable(MhcPreApplyMixVariant)
 
 
-def forward_kernel():
-    """The forward's kernel (also mhc_pre_big_fuse_fwd's second launch)."""
-    return _KERNELS["fwd", 128, MAX_MHC_MULT]
 _PLANS = plan.cache()  # by direction and the arguments' ranks (and which outputs are given)
 
 
@@ -103,7 +110,7 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
     """
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
-            call = _PLANS["fwd", x.ndim, mix.ndim, o is None]
+            call = _PLANS["fwd", x.ndim, mix.ndim, o is None, x.shape[-2] <= FWD_MULT]
         except (KeyError, AttributeError, TypeError):
             pass
         else:
@@ -112,7 +119,7 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
                 return result
     num_tokens, mhc_mult, hidden = _check(x, mix)
     shape = (*x.shape[:-2], hidden)
-    key = ("fwd", x.ndim, mix.ndim, o is None)
+    key = ("fwd", x.ndim, mix.ndim, o is None, mhc_mult <= FWD_MULT)
     if torch.compiler.is_compiling():
         result = torch.ops.tilebake.mhc_pre_apply_mix_fwd(x, mix)
         return result if o is None else o.copy_(result)
@@ -135,9 +142,10 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: Optional[torch.
 
         return o.copy_(mhc_pre_apply_mix_ref(x, mix))
     check_aligned(x=x, o=o)
-    forward_kernel()(x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
+    kernel = _KERNELS[forward_key(mhc_mult)]
+    kernel(x.get_device(), x.data_ptr(), mix.data_ptr(), o.data_ptr(), num_tokens, mhc_mult, hidden)
     plan.bump(o)
-    plan.remember(_PLANS, key, _plans.pre_apply_mix_fwd, forward_kernel(), x.get_device(), x.ndim - 2,
+    plan.remember(_PLANS, key, _plans.pre_apply_mix_fwd, kernel, x.get_device(), x.ndim - 2,
                   mix.ndim == x.ndim - 1, not key[3])  # fmt: skip
     return o
 
