@@ -1,33 +1,36 @@
 #!/usr/bin/env bash
-# The kernels under compute-sanitizer (GPU only): the GPU tests (or the pytest arguments given)
-# run under one tool, every loaded variant recorded (TILEBAKE_VARIANT_LOG, tests/conftest.py);
-# bench/sanitize_report.py then sums the tool's errors and lists the variants no test reached.
-# NO_CACHING=1: each tensor its own cudaMalloc (PYTORCH_NO_CUDA_MEMORY_CACHING; the caching
-# allocator's shared segments hide a read past a tensor's end, memcheck's padding puts a guard
-# zone after each allocation). It breaks the CUDA-graph tests (no cudaMalloc while capturing), and
-# under memcheck it filled the H200's 141 GiB within 40 s even with 4 processes (session 18 call 5):
-# run it on a few test files at a time.
-#   usage: bash bench/sanitize.sh TOOL [pytest args...]    TOOL: memcheck | racecheck | initcheck | synccheck
-#   JOBS: pytest-xdist processes (default 8); OUT: the logs' folder (default bench/results/sanitize);
-#   LIMIT: seconds before the run is stopped (default none; the report then covers the tests run)
+# The kernels under compute-sanitizer (GPU only), in two steps (bench/sanitize_calls.py says why):
+#   bash bench/sanitize.sh record DIR [pytest args...]
+#       the GPU tests (default: tests) run normally, recording into DIR each variant's smallest
+#       distinct calls (tensors' storages at most 32 MiB, snapshotted before the call; with call
+#       plans and the recording wrappers, test_native_path's and the torch.compile tests may fail);
+#   bash bench/sanitize.sh TOOL DIR        TOOL: memcheck | racecheck | initcheck | synccheck
+#       those calls replayed in one process under TOOL, each tensor its own cudaMalloc
+#       (PYTORCH_NO_CUDA_MEMORY_CACHING: memcheck's 64-byte padding then guards each tensor's
+#       end), then bench/sanitize_report.py: the tool's errors and the variants no call reached.
+# JOBS: pytest-xdist processes for record (default 12); OUT: logs and reports (default
+# bench/results/sanitize); LIMIT: seconds before a step is stopped (default none: what ran is kept).
 set -uo pipefail
-tool=$1
-shift
+step=$1 dir=$2
+shift 2
 OUT=${OUT:-bench/results/sanitize}
-mkdir -p "$OUT"
-case $tool in
+mkdir -p "$OUT" "$dir"
+here=$(cd "$(dirname "$0")" && pwd)
+if [ "$step" = record ]; then
+  [ $# -gt 0 ] || set -- tests
+  TILEBAKE_RECORD_CALLS="$dir" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" timeout "${LIMIT:-0}" \
+    python3 -m pytest "$@" -p sanitize_calls -m gpu -q -p no:cacheprovider -n "${JOBS:-12}" \
+    --ignore=tests/test_under_load.py --ignore=tests/test_damaged_package_gpu.py --ignore=tests/test_native_path.py > "$OUT/record.log" 2>&1
+  echo "record: rc=$? ($(tail -1 "$OUT/record.log")); $(ls "$dir"/*.pt 2>/dev/null | wc -l) calls kept"
+  exit 0
+fi
+case $step in
   memcheck) opts=(--check-device-heap yes --padding 64) ;;
   racecheck) opts=(--racecheck-report all) ;;
   initcheck | synccheck) opts=() ;;
-  *) echo "TOOL must be memcheck, racecheck, initcheck or synccheck, got $tool" >&2; exit 2 ;;
+  *) echo "the first argument must be record, memcheck, racecheck, initcheck or synccheck, got $step" >&2; exit 2 ;;
 esac
-[ $# -gt 0 ] || set -- tests
-rm -f "$OUT"/variants_"$tool".*
-nocache=()
-[ "${NO_CACHING:-0}" = 1 ] && nocache=(PYTORCH_NO_CUDA_MEMORY_CACHING=1)
-env "${nocache[@]}" TILEBAKE_VARIANT_LOG="$OUT/variants_$tool" \
-  timeout "${LIMIT:-0}" compute-sanitizer --tool "$tool" "${opts[@]}" --target-processes all --print-limit 20 \
-  python3 -m pytest "$@" -m gpu -q -p no:cacheprovider -n "${JOBS:-8}" --ignore=tests/test_under_load.py \
-  > "$OUT/sanitize_$tool.log" 2>&1
-echo "pytest under $tool: rc=$? ($(grep -E '(passed|failed)' "$OUT/sanitize_$tool.log" | tail -1))"
-python3 bench/sanitize_report.py "$tool" "$OUT/sanitize_$tool.log" "$OUT"/variants_"$tool".* | tee "$OUT/report_$tool.md"
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${LIMIT:-0}" compute-sanitizer --tool "$step" "${opts[@]}" --print-limit 20 \
+  python3 "$here/sanitize_calls.py" replay "$dir" --variant-log "$OUT/variants_$step" > "$OUT/sanitize_$step.log" 2>&1
+echo "replay under $step: rc=$? ($(grep -E '^replayed' "$OUT/sanitize_$step.log" | tail -1))"
+python3 "$here/sanitize_report.py" "$step" "$OUT/sanitize_$step.log" "$OUT/variants_$step" | tee "$OUT/report_$step.md"

@@ -1,6 +1,7 @@
 """bench/sanitize.sh's report: the sanitizer's errors (the sum of its per-process ERROR SUMMARY
-lines, and the first few error lines) and, from the variant logs, the compiled variants of the
-installed kernel package for this GPU's arch that no test loaded (GPU only).
+lines, and the first few error lines), the replayed calls that raised, and, from the variant logs,
+the compiled variants of the installed kernel package for this GPU's arch that no call loaded
+(GPU only).
 
     python3 bench/sanitize_report.py TOOL LOG VARIANT_LOG...
 """
@@ -29,8 +30,12 @@ def main():
     print(f"# compute-sanitizer {tool}: {sum(summaries)} errors in {len(summaries)} processes\n")
     for line in errors[:20]:
         print(f"    {line}")
+    raised = [line for line in text.splitlines() if line.startswith("FAILED ")]
+    print(f"\n{len(raised)} replayed calls raised")
+    for line in raised[:20]:
+        print(f"    {line}")
     loaded = len(reached & built)
-    print(f"\nVariants ({arch}): {len(built)} built, {loaded} loaded by the tests, {len(missing)} not reached")
+    print(f"\nVariants ({arch}): {len(built)} built, {loaded} loaded, {len(missing)} not reached")
     for op, count in sorted(by_op.items()):
         print(f"- {op}: {count} not reached")
     for v in missing:
