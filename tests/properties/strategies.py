@@ -78,15 +78,24 @@ def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str):
     assert bool(same.all()), f"{what}: {int((~same).sum())} bytes differ"
 
 
-def assert_within(got: torch.Tensor, want: torch.Tensor, atol, rtol: float, what: str):
+def assert_within(got: torch.Tensor, want: torch.Tensor, atol, rtol: float, what: str, nonfinite: bool = False):
     """|got - want| <= atol + rtol |want| elementwise (want usually float64), no NaN in either:
-    a NaN never passes."""
+    a NaN never passes. With `nonfinite` (where NaN and infinities are the documented result)
+    got must be NaN exactly where want is, and equal to want where want is infinite."""
     got, want = got.detach().cpu().double(), want.detach().cpu().double()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if nonfinite:
+        assert torch.equal(got.isnan(), want.isnan()), f"{what}: NaN pattern ({int(got.isnan().sum())} NaN, want "\
+            f"{int(want.isnan().sum())})"  # fmt: skip
+        inf = want.isinf()
+        assert torch.equal(got[inf], want[inf]), f"{what}: infinities"
+        keep = want.isfinite()
+        got, want = got[keep], want[keep]
+        atol = atol[keep] if isinstance(atol, torch.Tensor) else atol
     assert not got.isnan().any(), f"{what}: NaN in the result"
     assert not want.isnan().any(), f"{what}: NaN in the expected values (the test's mistake)"
     err = (got - want).abs()
-    bound = atol + rtol * want.abs()
+    bound = (atol.detach().cpu().double() if isinstance(atol, torch.Tensor) else atol) + rtol * want.abs()
     bad = err > bound
     if bad.any():
         i = int((err - bound).flatten().argmax())
