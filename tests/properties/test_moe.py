@@ -158,7 +158,10 @@ def test_moe_topk_gate_backward(seed, data, func, aux, masked_slots, pad, device
     loss.backward()
     want = lg.grad * keep[:, None]
     u32 = strided_rows(u.detach().float(), pad)
-    got = tilebake.moe.moe_topk_gate_backward(dev(u32, device), dev(idx, device), dev(w64.detach().float(), device),
+    idx_in = idx
+    if device == "cuda":  # there any index outside [0, E) marks a masked slot, as -1 does
+        idx_in = torch.where(idx < 0, torch.tensor([experts, -7])[torch.randint(0, 2, idx.shape, generator=g)], idx)
+    got = tilebake.moe.moe_topk_gate_backward(dev(u32, device), dev(idx_in, device), dev(w64.detach().float(), device),
                                               dev(gw, device), 2.5, func, dev(mask, device),
                                               dev(gsum, device))  # fmt: skip
     # float64's own cancellation noise (w's gradient is ~0 for one valid slot) below 1e-12 of the inputs
@@ -184,6 +187,15 @@ def draw_topk(data, seed):
     if data.draw(st.booleans()):  # out of range both ways: dropped
         idx[torch.rand(tokens, k, generator=g) < 0.1] = torch.tensor([experts, -5, 2**40])[torch.randint(0, 3, (1,))]
     return idx, experts
+
+
+def out_of_range_slots(tk2p: torch.Tensor, rows: int, seed: int) -> torch.Tensor:
+    """Some dropped slots (-1) given other positions outside [0, rows), which also skip the slot."""
+    g = torch.Generator().manual_seed(seed)
+    other = torch.tensor([rows, rows + 7, -2, -(2**31)], dtype=torch.int32)[
+        torch.randint(0, 4, tk2p.shape, generator=g)
+    ]
+    return torch.where((tk2p < 0) & (torch.rand(tk2p.shape, generator=g) < 0.5), other, tk2p)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -229,12 +241,14 @@ def test_get_fused_mapping_invariants(seed, data, alignment, rows, device):
        torch.int32]), pad=st.sampled_from([0, 16]), quant=st.sampled_from([None, "e4m3", "e2m1"]),
        col=st.booleans(), packed=st.booleans())  # fmt: skip
 def test_expand_to_fused_copies_rows(seed, data, dtype, pad, quant, col, packed, device):
-    """Row token_topk_to_pos[t, j] of the result is x[t] (bytes, any dtype), padding rows zero;
+    """Row token_topk_to_pos[t, j] of the result is x[t] (bytes, any dtype), padding rows zero, a
+    position outside [0, N) skipped;
     with_sf moves the SF rows alike (either SF layout in, either out)."""
     idx, experts = draw_topk(data, seed)
     tokens = idx.shape[0]
     alignment = data.draw(st.sampled_from([1, 4]))
     p2e, _, _, tk2p, *_ = tilebake.moe.get_fused_mapping(idx, experts, 0, alignment)
+    tk2p = out_of_range_slots(tk2p, len(p2e), seed)
     hidden = 16 * data.draw(st.integers(1, 6))
     x = torch.randint(-(2**30), 2**30, (tokens, hidden), generator=torch.Generator().manual_seed(seed)).int()
     x = x.view(torch.float32).to(dtype) if dtype.is_floating_point else x  # every bit pattern for int32
@@ -252,12 +266,12 @@ def test_expand_to_fused_copies_rows(seed, data, dtype, pad, quant, col, packed,
         x = q[0].cpu()
         want = torch.zeros(len(p2e), x.shape[1], dtype=x.dtype)
         want_sf = torch.zeros(len(p2e), q[1].shape[1], dtype=q[1].dtype)
-        for t, j in (tk2p >= 0).nonzero().tolist():
+        for t, j in ((tk2p >= 0) & (tk2p < len(p2e))).nonzero().tolist():
             want_sf[tk2p[t, j]] = q[1][t].cpu()
         assert_bytes_equal(got_sf, want_sf, "SF rows")
         if col:
             assert got_sf.stride(0) == 1, "a column-major SF"
-    for t, j in (tk2p >= 0).nonzero().tolist():
+    for t, j in ((tk2p >= 0) & (tk2p < len(p2e))).nonzero().tolist():
         want[tk2p[t, j]] = x[t]
     assert_bytes_equal(got, want, "rows")
 
@@ -268,11 +282,13 @@ def test_expand_to_fused_copies_rows(seed, data, dtype, pad, quant, col, packed,
        weights=st.booleans(), row_sf=st.booleans(), fp8=st.booleans(), nan=st.booleans())  # fmt: skip
 def test_reduce_fused_sums(seed, data, dtype, weights, row_sf, fp8, nan, device):
     """out[t] = sum over valid slots of x[p] w[t, j] (x_sf[p]) within fp32's rounding of the sum of
-    |terms| (float64), then * sf and e4m3 (saturating at 448) or x's dtype; no valid slot: 0; a
+    |terms| (float64), then * sf and e4m3 (saturating at 448) or x's dtype; positions outside
+    [0, N) add nothing; no valid slot: 0; a
     NaN input gives NaN (documented) where it enters."""
     idx, experts = draw_topk(data, seed)
     tokens, k = idx.shape
     p2e, _, _, tk2p, *_ = tilebake.moe.get_fused_mapping(idx, experts, 0, 1)
+    tk2p = out_of_range_slots(tk2p, len(p2e), seed)
     rows, hidden = len(p2e), 8 * data.draw(st.integers(1, 8))
     x = normal(seed, (rows, hidden), dtype, 4.0, (float("nan"),) if nan and not fp8 else (), 0.02)
     w = torch.rand(tokens, k, generator=torch.Generator().manual_seed(seed)) if weights else None
@@ -280,7 +296,7 @@ def test_reduce_fused_sums(seed, data, dtype, weights, row_sf, fp8, nan, device)
     sf = torch.tensor([0.25]) if fp8 else None
     arg = x.to(device) if xsf is None else (x.to(device), xsf.to(device))
     got = tilebake.moe.reduce_fused(arg, dev(w, device), tk2p.to(device), "e4m3" if fp8 else "", dev(sf, device))
-    valid = tk2p >= 0
+    valid = (tk2p >= 0) & (tk2p < rows)
     s = torch.where(valid, 1.0 if w is None else w.double(), 0.0)
     if xsf is not None:
         s = s * torch.cat((xsf.double(), torch.ones(1)))[torch.where(valid, tk2p, rows).long()]
