@@ -5,50 +5,28 @@ inverse); on a GPU the kernel must also give the CPU path's bytes where the op i
 
 CI runs a fixed example list (derandomized, TILEBAKE_HYPOTHESIS_EXAMPLES=25 each); the H200 runs a
 larger, random budget: TILEBAKE_HYPOTHESIS_EXAMPLES=500 TILEBAKE_HYPOTHESIS_RANDOM=1.
+The shared settings and helpers are in tests/properties/strategies.py, the other ops' properties
+in tests/properties/.
 """
-
-import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import tilebake
+from tests.properties.strategies import (
+    BF16_MAX,
+    DEVICES,
+    E4M3_MAX,
+    FINITE_SPECIALS,
+    PROPERTY,
+    assert_bytes_equal,
+    values,
+)
 from tilebake.torch import rotary_embedding_ref
 
-EXAMPLES = int(os.environ.get("TILEBAKE_HYPOTHESIS_EXAMPLES", "25"))
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("TILEBAKE_HYPOTHESIS_RANDOM"),
-                    suppress_health_check=[HealthCheck.too_slow], database=None)  # fmt: skip
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-E4M3_MAX, BF16_MAX = 448.0, torch.finfo(torch.bfloat16).max
-
-
-def values(seed: int, shape: tuple, dtype, specials: tuple = (), special_rate: float = 0.0) -> torch.Tensor:
-    """Normal values over many binades (2^-30 to 2^30), then a share of the elements replaced by
-    `specials`; from `seed` (torch's generator: fast for large tensors)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 31, shape, generator=g).float())
-    if specials and special_rate:
-        where = torch.rand(shape, generator=g) < special_rate
-        pick = torch.randint(0, len(specials), shape, generator=g)
-        x = torch.where(where, torch.tensor(specials, dtype=torch.float32)[pick], x)
-    return x.to(dtype)
-
-
-def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str):
-    got, want = got.cpu().contiguous(), want.cpu().contiguous()
-    assert got.shape == want.shape and got.dtype == want.dtype, what
-    same = got.view(torch.uint8) == want.view(torch.uint8)
-    assert bool(same.all()), f"{what}: {int((~same).sum())} bytes differ"
-
-
 # --- per_token_cast: every finite value within the format's rounding of its block scale ---
-
-# Zeros, denormals, the formats' maxima (e4m3 448, e2m1 6) and values near fp32's top. Not 3e38:
-# there a code rounded up times a power-of-two scale can pass fp32's range (e2m1: 3e38 / 2^126
-# = 3.5 -> 4, and 4 * 2^126 = 2^128), the formats' arithmetic, as in the original.
-FINITE_SPECIALS = (0.0, -0.0, 1e-39, -1e-39, 2.0**-126, 448.0, -448.0, 6.0, 1e38, -1e38)
 
 
 @pytest.mark.parametrize("device", DEVICES)
