@@ -19,7 +19,11 @@ from tilebake._runtime import loader
 def main():
     tool, log, variant_logs = sys.argv[1], Path(sys.argv[2]), [Path(p) for p in sys.argv[3:]]
     text = log.read_text(errors="replace")
+    # memcheck / initcheck / synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H
+    # hazards displayed (N errors, W warnings)" (its warnings counted as errors here too).
     summaries = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", text)]
+    race = r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)"
+    summaries += [int(e) + int(w) for e, w in re.findall(race, text)]
     kinds = r"=+ (Invalid|Race|Uninitialized|Barrier|Error|Warning)"
     errors = [line for line in text.splitlines() if re.search(kinds, line)]
     arch = loader.device_arch(torch.cuda.current_device())

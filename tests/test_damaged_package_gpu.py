@@ -49,12 +49,11 @@ def damaged_copy(tmp_path, damage) -> str:
     return str(site)
 
 
-def run(site: str) -> list[str]:
+def run(site: str, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python importing tilebake_cuda from `site` first."""
     paths = [site, *sys.path]
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": ":".join(p for p in paths if p)})  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout.strip().splitlines()
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ":".join(p for p in paths if p)})  # fmt: skip
 
 
 def flip(kernels, binaries):
@@ -92,7 +91,9 @@ def other_tilebake_version(kernels, binaries):
     (remove, "CorruptArtifactError", "unreadable"),
 ])  # fmt: skip
 def test_damaged_binary_is_named_and_other_ops_run(tmp_path, damage, error, match):
-    lines = run(damaged_copy(tmp_path, damage))
+    result = run(damaged_copy(tmp_path, damage))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
     assert lines[0].startswith(error + " |") and match in lines[0], lines
     assert lines[-1] == "OTHER OP OK"
 
@@ -103,10 +104,7 @@ def test_damaged_binary_is_named_and_other_ops_run(tmp_path, damage, error, matc
 ])  # fmt: skip
 def test_foreign_manifest_is_named(tmp_path, damage, error, match):
     """A whole package refused: every op raises the same typed error (the intact op too)."""
-    site = damaged_copy(tmp_path, damage)
-    result = subprocess.run([sys.executable, "-c", SCRIPT.replace('print("OTHER OP OK")', "")],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": ":".join([site, *sys.path])})  # fmt: skip
+    result = run(damaged_copy(tmp_path, damage), SCRIPT.replace('print("OTHER OP OK")', ""))
     lines = result.stdout.strip().splitlines()
     assert lines and lines[0].startswith(error + " |") and match in lines[0], (lines, result.stderr[-2000:])
     assert error in result.stderr  # the intact op's call: the same refusal, raised
