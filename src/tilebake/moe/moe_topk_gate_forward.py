@@ -134,7 +134,9 @@ def moe_topk_gate_forward(
     Physical ids: with to_physical_map (int32 (num_routed + shared, dup), rows may be strided) and
     logical_count (int32 (num_routed + shared,)), each slot's logical id e becomes
     to_physical_map[e, (ep_rank + t * 23333) % logical_count[e]] (int64 arithmetic); a count
-    outside [1, dup] gives -1 for that slot. unmapped_topk_idx keeps logical ids.
+    outside [1, dup] gives -1 for that slot (checked on the device, no sync). The map's entries
+    are copied, never used as indices: any int32, negative ones too, comes out as it is (as int64).
+    unmapped_topk_idx keeps logical ids.
 
     Non-finite logits: where the original device-asserts, a token with a NaN or infinite logit is
     not routed: every slot -1, weight 0, unmapped_topk_idx[t] -1 (unless fixed), its scores row
@@ -152,7 +154,8 @@ def moe_topk_gate_forward(
         logits: fp32 (T, num_routed), num_routed <= 8192, last dim contiguous (rows may be strided).
         num_topk: routed experts per token, <= num_routed, num_topk + shared slots <= 32.
         use_shared_as_routed, num_shared_experts: append num_shared_experts (0, 1, 2) slots.
-        routed_scaling_factor: multiplies the routed weights. ep_rank: int >= 0.
+        routed_scaling_factor: multiplies the routed weights. ep_rank: int in [0, 2^31)
+            (else ValueError).
         mask, image_token_mask, fix_routing_mask, force_random: bool (T,).
         bias, image_bias: fp32 (num_routed,).
         unmapped_topk_idx: int64 (T, num_topk), last dim contiguous: the logical routed experts

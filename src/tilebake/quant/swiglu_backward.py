@@ -204,8 +204,9 @@ def swiglu_backward(
         act_x_grad: gradient of the forward output (E, H), same dtype as x.
         fmt: dtype of x_grad, 'bf16' or 'fp32'.
         psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value: as in
-            swiglu_forward; clamped elements get zero gradient. With topk_weights the padding
-            rows of the psum layout get e = 0 (so +-0 gradients) and weight_grad 0; without
+            swiglu_forward (a decreasing or negative psum: which rows are padding is
+            unspecified, as there); clamped elements get zero gradient. With topk_weights the
+            padding rows of the psum layout get e = 0 (so +-0 gradients) and weight_grad 0; without
             them psum is not used and every row is computed (padding rows of act_x_grad must be
             0 for their gradients to be 0). routed_scaling_factor only enters with the weights.
         do_recompute: also return the forward output act_out.

@@ -245,7 +245,13 @@ def swiglu_forward(
         psum_num_tokens_per_expert: int32 (num_experts,): expert e owns rows
             [align(psum[e-1], config.get_token_alignment()), psum[e]); all other rows are
             padding. It only selects the rows clamped_count counts: every row's output is
-            computed, padding rows' too (from whatever x holds there), as 2.1.0 does.
+            computed, padding rows' too (from whatever x holds there), as 2.1.0 does. Entries
+            past the tensor's rows are fine (the layout is cut at E rows). It is meant to be
+            non-decreasing and >= 0, which is not checked (that would sync): otherwise every
+            row is still either an expert's or padding and nothing is read out of bounds, but
+            which rows count is unspecified (the GPU binary-searches psum, the CPU reference
+            takes the union of the ranges, tilebake.torch.get_mapping_from_psum, and the two
+            may disagree).
         topk_weights: fp32 (E,), one factor per row.
         routed_scaling_factor: s, applied with the weights as e = topk_weights * s (fp32,
             once per row); without topk_weights it is not used.

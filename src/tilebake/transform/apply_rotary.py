@@ -164,7 +164,8 @@ def apply_rotary(
     Arithmetic per pair (x1, x2), fp32: out1 = fma(x1, cos, -fp32(x2 sin)), out2 =
     fma(x2, cos, fp32(x1 sin)), rounded to query's dtype; tilebake.torch.rotary_embedding_ref
     gives the same bits. A token whose cache row lies outside [0, max_positions) is left
-    unchanged (not rotated; checked on the device, no host sync). CPU tensors, and CUDA
+    unchanged (not rotated; checked on the device, no host sync). The row is computed in 64
+    bits: an int32 position plus a large seqlen_offset does not wrap. CPU tensors, and CUDA
     tensors whose strides or addresses are not multiples of 16 bytes, take the torch path
     (the reference, same bits, slower).
     """
