@@ -52,12 +52,14 @@ def normal(seed: int, shape: tuple, dtype=torch.float32, scale: float = 1.0, spe
     return x.to(dtype)
 
 
-def strided_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
+def strided_rows(x: torch.Tensor, pad: int, device=None) -> torch.Tensor:
     """x (..., H) as a view whose rows are `pad` elements longer than H (the pad filled with NaN
-    bytes, 0xFF, so that an op reading past the row cannot pass)."""
+    bytes, 0xFF, so that an op reading past the row cannot pass), on `device` (default x's: a
+    strided view moved by .to() would come back dense)."""
+    device = x.device if device is None else device
     if pad == 0:
-        return x.contiguous()
-    wide = torch.empty(*x.shape[:-1], x.shape[-1] + pad, dtype=x.dtype, device=x.device)
+        return x.contiguous().to(device)
+    wide = torch.empty(*x.shape[:-1], x.shape[-1] + pad, dtype=x.dtype, device=device)
     wide.view(torch.uint8).fill_(0xFF)
     wide[..., : x.shape[-1]] = x
     return wide[..., : x.shape[-1]]

@@ -164,8 +164,10 @@ def test_moe_topk_gate_backward(seed, data, func, aux, masked_slots, pad, device
     got = tilebake.moe.moe_topk_gate_backward(dev(u32, device), dev(idx_in, device), dev(w64.detach().float(), device),
                                               dev(gw, device), 2.5, func, dev(mask, device),
                                               dev(gsum, device))  # fmt: skip
-    # float64's own cancellation noise (w's gradient is ~0 for one valid slot) below 1e-12 of the inputs
-    noise = 1e-12 * (2.5 * gw.abs().max() + (0 if gsum is None else gsum.abs().max()))
+    # cancellation noise where the true gradient is ~0 (a token's one valid slot): float64's below
+    # 1e-12 of the inputs' terms, the GPU's fp32 below 1e-6 of them (the docstring's bound)
+    terms = 2.5 * gw.abs().max() + (0 if gsum is None else gsum.abs().max())
+    noise = (1e-12 if device == "cpu" else 1e-6) * terms
     assert_within(got, want, 1e-5 * want.abs().max() + noise, 1e-5, "grad_logits")
     if mask is not None:
         assert bool((got.cpu()[~mask] == 0).all()), "a masked token's row"

@@ -474,6 +474,19 @@ def test_gpu_norm_forward_and_per_token_cast(num_tokens, hidden, dtype, npc, sf_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("has_weight,has_residual", [(True, False), (False, True)])
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_cast_with_weight_or_residual_alone(dtype, npc, has_weight, has_residual):
+    """The kernels of a weight without a residual and a residual without a weight (the test above
+    takes both or neither)."""
+    x = make_input((37, 384), dtype, "cuda")
+    weight = make_weight(384, dtype, "cuda") if has_weight else None
+    residual = make_input((37, 384), dtype, "cuda") if has_residual else None
+    check_cast(x, weight, residual, npc, True, True, False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sf_mode", SF_MODES, ids=SF_IDS)
 @pytest.mark.parametrize("npc", [32, 128])
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -551,6 +551,17 @@ def test_gpu_quantized_input(in_fmt, x_sf, x_block, col):
         check_cast(q, fmt, npc, sf_option, False, x_block, use_out=True)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("npc", [16, 32, 64, 128])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("in_fmt", ["e4m3", "e2m1"])
+def test_quantized_input_every_block_width(in_fmt, fmt, npc, device):
+    """Every (input format, output format, block width) kernel of a quantized input once, 37
+    strided rows (test_gpu_quantized_input takes four of the eight output pairs a format)."""
+    q = make_quantized(37, 256, in_fmt, (1, 32), "fp32", False, device, row_pad=64)
+    check_cast(q, fmt, npc, "plain", False, (1, 32))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("col", [False, True], ids=["rowmajor", "colmajor"])
 @pytest.mark.parametrize("sf_option", list(SF_OPTIONS))

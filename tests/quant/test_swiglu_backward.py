@@ -329,6 +329,17 @@ def test_gpu_cast_bit_exact(shape, grad_dtype, npc, sf_mode, col, options):
     check(x, g, "e4m3", npc, **all_or_none(options, rows, psum), sf_mode=sf_mode, col=col)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sf_mode", [(False, False), (True, False), (True, True)], ids=["plain", "round", "packed"])
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize("grad_dtype", ["bf16", "fp32"])
+def test_gpu_every_cast_variant(grad_dtype, npc, sf_mode):
+    """Every (gradient dtype, block width, SF mode) kernel of the quantized-input backward once
+    (CAST_MODES leaves three to no test)."""
+    x = quantize(make_x(37, 512, torch.bfloat16, "cuda"), npc)
+    check(x, make_x(37, 256, DTYPES[grad_dtype], "cuda"), "e4m3", npc, sf_mode=sf_mode)
+
+
 OPTIONS = ["weights", "weights-scale", "scale", "clamp", "psum", "recompute", "psum-weights-recompute", "psum-clamp"]
 
 

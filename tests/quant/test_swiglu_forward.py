@@ -228,6 +228,16 @@ def test_gpu_bit_exact(shape, dtype, fmt, npc, sf_mode, col, options):
         check(x, fmt, npc, sf_mode=sf_mode, col=col)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sf_mode", [(False, False), (True, False), (True, True)], ids=["plain", "round", "packed"])
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_every_cast_variant(dtype, npc, sf_mode):
+    """Every (input dtype, block width, SF mode) kernel of the fused cast once (FORMATS leaves
+    npc 32 with round_sf alone to no test)."""
+    check(make_x(37, 512, dtype, "cuda"), "e4m3", npc, sf_mode=sf_mode)
+
+
 OPTIONS = ["weights", "weights-scale", "scale", "clamp", "psum-clamp", "psum-weights-scale"]
 
 
