@@ -1,13 +1,15 @@
 """The engram ops' Ascend kernels run on the CPU (emulator.py) through their NPU wrappers, against
 the references (tilebake.torch.engram): engram_hash, fused_weight, grad_w_reduce and the Sinkhorn
 momentum and step_reduce bit-equal, engram_gate_fwd and _bwd within one bf16 rounding of their
-outputs and the Sinkhorn finalize within 1e-6 (sums in another order). Odd sizes, negative and extreme
+outputs and the Sinkhorn finalize within 1e-6 (sums in another order); the Sinkhorn step bit-equal
+to an fp32 model of its own order of sums (_step_model) and within 1e-5 of float64. Odd sizes, negative and extreme
 token ids, empty tables, image tokens, the kv form's strided k and v, in place. A model, not an
 NPU: nothing here ran on one."""
 
 import pytest
 import torch
 
+from tests.ascend.emulator import assert_in_bounds, tensors_of
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
 from tilebake.engram import _engram_ascend
 from tilebake.torch.engram import (
@@ -17,9 +19,11 @@ from tilebake.torch.engram import (
     engram_sinkhorn_finalize_ref,
     engram_sinkhorn_momentum_update_ref,
     engram_sinkhorn_step_reduce_ref,
+    engram_sinkhorn_step_ref,
     fused_weight_ref,
     grad_w_reduce_ref,
     make_offsets,
+    sum_partials,
 )
 
 pytest.importorskip("tilelang")
@@ -131,3 +135,48 @@ def test_engram_sinkhorn_finalize(emu, rows, cols):
     m, rs, cs = torch.randn(rows, cols), torch.rand(rows) + 0.5, torch.rand(cols) + 0.5
     got = _engram_ascend.sinkhorn_finalize_npu(m, rs, cs, 1e-8, 0.3, None)
     torch.testing.assert_close(got, engram_sinkhorn_finalize_ref(m, rs, cs, 1e-8, 0.3), rtol=1e-5, atol=1e-6)
+
+
+def _step_model(m, rs, cs, eps, cores=64, threads=128):
+    """The Ascend step's fp32 arithmetic in its order (each product and sum rounded on its own):
+    x = (rs * M) * cs; thread t sums x^2 over columns t, t + threads, ... in order, the threads'
+    sums added in thread order; rs' = rs / (sqrt + eps); core c adds ((rs' * M) * cs)^2 over its
+    rows c, c + cores, ... in row order."""
+    rows, cols = m.shape
+    width = -(-cols // threads) * threads
+    x = torch.zeros(rows, width)
+    x[:, :cols] = rs[:, None] * m * cs[None, :]
+    part = torch.zeros(rows, threads)
+    for q in range(width // threads):
+        sq = x[:, q * threads : (q + 1) * threads]
+        part = part + sq * sq
+    total = torch.zeros(rows)
+    for t in range(threads):
+        total = total + part[:, t]
+    norm = total.double().sqrt().float()  # correctly rounded, as sqrtf (torch's fp32 sqrt here is not)
+    new_rs = rs / (norm + eps)
+    y = new_rs[:, None] * m * cs[None, :]
+    partial = torch.zeros(min(cores, rows), cols)
+    for r in range(rows):
+        partial[r % cores] = partial[r % cores] + y[r] * y[r]
+    return norm, new_rs, partial
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (70, 3000), (130, 1028), (3, 8192), (65, 13)])
+def test_engram_sinkhorn_step(emu, rows, cols):
+    m, rs, cs = torch.randn(rows, cols), torch.rand(rows) + 0.5, torch.rand(cols) + 0.5
+    want_rs = rs.clone()
+    want_norm, _ = engram_sinkhorn_step_ref(m, want_rs, cs, 1e-20)
+    model_norm, model_rs, model_partial = _step_model(m, rs, cs, 1e-20)
+    got_rs = rs.clone()
+    norm, partial = _engram_ascend.sinkhorn_step_npu(m, got_rs, cs, 1e-20)
+    assert partial.shape == (min(64, rows), cols)
+    assert_in_bounds(emu.launches[-1], tensors_of(("m", m, False), ("cs", cs, False), ("partial", partial, True)))
+    assert torch.equal(norm, model_norm) and torch.equal(got_rs, model_rs) and torch.equal(partial, model_partial)
+    # against the reference (torch's sums in another order) and float64
+    torch.testing.assert_close(norm, want_norm)
+    torch.testing.assert_close(got_rs, want_rs)
+    norm64 = (rs.double()[:, None] * m.double() * cs.double()).norm(dim=1)
+    torch.testing.assert_close(norm.double(), norm64, rtol=1e-5, atol=1e-5)
+    want64 = ((got_rs.double()[:, None] * m.double() * cs.double()) ** 2).sum(0)
+    torch.testing.assert_close(sum_partials(partial).double(), want64, rtol=1e-5, atol=1e-5)

@@ -5,7 +5,9 @@ glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 
 tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
 within the original's tolerances (the exponential is glibc's here, torch's in the references);
 mhc_fn_normw_merge both ways bit-equal to the CPU path; the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden sizes that are not a
-multiple of the 1024-column chunk, 1 token. A model, not an NPU: nothing here ran on one."""
+multiple of the 1024-column chunk, 1 token. mhc_multilayer_recompute on tensors reporting an NPU
+(the chain of the apply-mix and post kernels) bit-equal to its CPU path. A model, not an NPU:
+nothing here ran on one."""
 
 import pytest
 import torch
@@ -172,3 +174,44 @@ def test_mhc_pre_split_mixes_bwd(emu, tokens, m, parts):
     torch.testing.assert_close(scale_grad, want[1], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(base_grad, want[2], rtol=1e-5, atol=1e-5)
     assert torch.equal(part[:, 3 + cols :], torch.zeros(parts, width - 3 - cols))
+
+
+class _FakeNPU(torch.Tensor):
+    """A CPU tensor reporting npu:0, so a public op takes its NPU branch (the emulated kernels)."""
+
+    @property
+    def device(self):
+        return torch.device("npu", 0)
+
+
+# (L, posts, tokens, m, hidden): L or L - 1 post steps, m = 4 and others, a partial last chunk
+@pytest.mark.parametrize("layers, posts, tokens, m, hidden", [(3, 3, 37, 4, 1000), (2, 1, 5, 8, 2304), (1, 0, 1, 1, 8)])
+def test_mhc_multilayer_recompute(emu, layers, posts, tokens, m, hidden):
+    """The op on NPU tensors is the chain of the Ascend apply-mix and post kernels, a launch each
+    per layer: bit-equal to the CPU path (the chain of the references)."""
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    r0 = bf16(tokens, m, hidden)
+    pre = [torch.rand(tokens, m, 1) for _ in range(layers)]
+    out = [bf16(tokens, hidden) for _ in range(posts)]
+    post = [torch.rand(tokens, m) * 2 for _ in range(posts)]
+    comb = [torch.rand(tokens, m, m) for _ in range(posts)]
+    want_in = [torch.empty(tokens, hidden, dtype=torch.bfloat16) for _ in range(layers)]
+    want_res = [torch.empty(tokens, m, hidden, dtype=torch.bfloat16) for _ in range(posts)]
+    tilebake.mhc.mhc_multilayer_recompute(r0, pre, out, post, comb, want_in, want_res)
+    got_in = [torch.full((tokens, hidden), float("nan")).to(torch.bfloat16) for _ in range(layers)]
+    got_res = [torch.full((tokens, m, hidden), float("nan")).to(torch.bfloat16) for _ in range(posts)]
+
+    def npu(items):
+        return [t.as_subclass(_FakeNPU) for t in items]
+
+    emu.launches.clear()
+    tilebake.mhc.mhc_multilayer_recompute(r0.as_subclass(_FakeNPU), npu(pre), npu(out), npu(post), npu(comb),
+                                          npu(got_in), npu(got_res))  # fmt: skip
+    assert len(emu.launches) == layers + posts  # apply-mix, then post, a layer
+    for i in range(layers):
+        assert emu.launches[i + min(i, posts)].args["O"] == got_in[i].data_ptr()
+        assert torch.equal(got_in[i], want_in[i]), f"layer_input {i}"
+    for i in range(posts):
+        assert emu.launches[2 * i + 1].args["OUT"] == got_res[i].data_ptr()
+        assert torch.equal(got_res[i], want_res[i]), f"residual {i}"

@@ -73,21 +73,35 @@ def test_engram_gate_bwd_and_grad_w_reduce_take_the_ascend_kernels(setup):
 
 
 def test_engram_sinkhorn_stages_take_the_ascend_kernels(setup):
-    """momentum (bf16 grad, fp32 buffer), step_reduce and finalize launch; the step runs its
-    reference (no launch)."""
+    """momentum (bf16 grad, fp32 buffer), step, step_reduce and finalize launch; a step over rows
+    wider than MAX_COLS runs its reference (no launch)."""
     body = """
     g = torch.randn(1000).to(torch.bfloat16).as_subclass(FakeNPU)
     mb = torch.zeros(1000).as_subclass(FakeNPU)
     out = tilebake.engram.engram_sinkhorn_momentum_update(g, mb, 0.9)
-    tilebake.engram.engram_sinkhorn_step_reduce(torch.ones(3, 16).as_subclass(FakeNPU), torch.empty(16).as_subclass(FakeNPU))
     m = torch.ones(4, 16).as_subclass(FakeNPU)
-    fin = tilebake.engram.engram_sinkhorn_finalize(m, torch.ones(4).as_subclass(FakeNPU), torch.ones(16).as_subclass(FakeNPU),
-                                                   1e-8, 0.5)
-    print(json.dumps([list(out.shape), str(out.dtype), mb._version, list(fin.shape)]))
+    rs, cs = torch.ones(4).as_subclass(FakeNPU), torch.ones(16).as_subclass(FakeNPU)
+    norm, part = tilebake.engram.engram_sinkhorn_step(m, rs, cs, 1e-8)
+    parts, sumsq = torch.ones(3, 16).as_subclass(FakeNPU), torch.empty(16).as_subclass(FakeNPU)
+    tilebake.engram.engram_sinkhorn_step_reduce(parts, sumsq)
+    ones_r, ones_c = torch.ones(4).as_subclass(FakeNPU), torch.ones(16).as_subclass(FakeNPU)
+    fin = tilebake.engram.engram_sinkhorn_finalize(m, ones_r, ones_c, 1e-8, 0.5)
+    wide = torch.ones(2, 8200).as_subclass(FakeNPU)
+    wide_rs = torch.ones(2).as_subclass(FakeNPU)
+    _, wide_part = tilebake.engram.engram_sinkhorn_step(wide, wide_rs, torch.ones(8200).as_subclass(FakeNPU), 1e-8)
+    print(json.dumps([list(out.shape), str(out.dtype), mb._version, list(fin.shape), list(norm.shape), list(part.shape),
+                      rs._version, list(wide_part.shape), wide_rs.tolist(),
+                      [t.data_ptr() for t in (cs, m, norm, part, rs)]]))
     """
     result, calls = run(setup, body, npu=True)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == [[1000], "torch.float32", 1, [4, 16]]
-    launches = [c.split()[1] for c in calls if c.startswith("launch")]
-    assert launches == ["engram_sinkhorn_momentum_kernel_kernel", "engram_sinkhorn_step_reduce_kernel_kernel",
-                        "engram_sinkhorn_finalize_kernel_kernel"]  # fmt: skip
+    r = json.loads(result.stdout)
+    assert r[:8] == [[1000], "torch.float32", 1, [4, 16], [4], [4, 16], 1, [1, 8200]]
+    assert all(abs(x - 8200**-0.5) < 1e-7 for x in r[8])  # the reference ran
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == [
+        "engram_sinkhorn_momentum_kernel_kernel", "engram_sinkhorn_step_kernel_kernel",
+        "engram_sinkhorn_step_reduce_kernel_kernel", "engram_sinkhorn_finalize_kernel_kernel",
+    ]  # fmt: skip
+    # CS M NORM P RS, then eps num_cols num_ctas num_rows
+    assert launch_args(launches[1]) == struct.pack("<5Qf3i", *r[9], 1e-8, 16, 4, 4).hex()

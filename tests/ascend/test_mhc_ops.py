@@ -133,3 +133,39 @@ def test_split_mixes_bwd_takes_the_ascend_kernels(setup):
     # BG PART SG, then mix_cols num_cols num_partials: 5 rows (one a token) of 3 + 24 columns padded to 28
     part = struct.unpack_from("<Q", bytes.fromhex(launch_args(launches[1])), 8)[0]
     assert launch_args(launches[1]) == struct.pack("<3Q3i4x", base_grad, part, scale_grad, 24, 28, 5).hex()
+
+
+def test_mhc_multilayer_recompute_chains_the_ascend_kernels(setup):
+    """On NPU tensors the recompute is the chain of the single-layer ops (its contract: bit-equal
+    to that chain): per layer mhc_pre_apply_mix_fwd's kernel, then mhc_post_fwd's into the given
+    residual (3 layers, 2 post steps)."""
+    body = """
+    npu = lambda t: t.as_subclass(FakeNPU)
+    r0 = npu(torch.randn(3, 4, 256).to(torch.bfloat16))
+    pre = [npu(torch.rand(3, 4, 1)) for _ in range(3)]
+    out = [npu(torch.randn(3, 256).to(torch.bfloat16)) for _ in range(2)]
+    post = [npu(torch.rand(3, 4)) for _ in range(2)]
+    comb = [npu(torch.rand(3, 4, 4)) for _ in range(2)]
+    inputs = [npu(torch.empty(3, 256, dtype=torch.bfloat16)) for _ in range(3)]
+    residuals = [npu(torch.empty(3, 4, 256, dtype=torch.bfloat16)) for _ in range(2)]
+    tilebake.mhc.mhc_multilayer_recompute(r0, pre, out, post, comb, inputs, residuals)
+    print(json.dumps({"ptrs": [[t.data_ptr() for t in items] for items in (pre, inputs, out, post, comb, residuals)],
+                      "r0": r0.data_ptr(), "versions": [t._version for t in inputs + residuals]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    launches = [c for c in calls if c.startswith("launch")]
+    apply, post = "mhc_pre_apply_mix_fwd_kernel_kernel", "mhc_post_fwd_kernel_kernel"
+    assert [c.split()[1] for c in launches] == [apply, post, apply, post, apply]
+    assert r["versions"] == [1] * 5
+    pre, inputs, out, posts, comb, residuals = r["ptrs"]
+    residual = r["r0"]
+    for i in range(3):
+        # MIX O X, then hidden mhc_mult num_tokens
+        assert launch_args(launches[2 * i]) == struct.pack("<3Q3i4x", pre[i], inputs[i], residual, 256, 4, 3).hex()
+        if i < 2:
+            # COMB OUT POST R X, then hidden mhc_mult num_tokens
+            args = struct.pack("<5Q3i4x", comb[i], residuals[i], posts[i], residual, out[i], 256, 4, 3)
+            assert launch_args(launches[2 * i + 1]) == args.hex()
+            residual = residuals[i]

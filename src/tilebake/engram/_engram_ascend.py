@@ -1,9 +1,10 @@
 """The engram ops on NPU tensors with Ascend 950 kernels: engram_hash (the same indices as the
 reference), fused_weight and grad_w_reduce (the same bits), engram_gate_fwd and _bwd (the
 reference's arithmetic, sums in another order; the backward's rows up to ASCEND_MAX_HIDDEN), the
-Sinkhorn helpers' momentum, step_reduce (the same bits) and finalize (the row norm's sum in another
-order); the Sinkhorn step runs its reference on the NPU. Never run on an NPU here: the kernels are run on the CPU by
-tests/ascend/test_emulated_engram.py, their launches checked against a stand-in libascendcl."""
+Sinkhorn helpers' momentum, step_reduce (the same bits), step (rows up to MAX_COLS columns; its
+sums of squares in another order) and finalize (the row norm's sum in another order). Never run
+on an NPU here: the kernels are run on the CPU by tests/ascend/test_emulated_engram.py, their
+launches checked against a stand-in libascendcl."""
 
 from __future__ import annotations
 
@@ -121,6 +122,21 @@ def sinkhorn_momentum_npu(grad, momentum_buffer, beta1, one_minus_beta1, nestero
                g.numel())  # fmt: skip
         torch.autograd.graph.increment_version(momentum_buffer)
     return out
+
+
+def sinkhorn_step_npu(matrix, row_scale, col_scale, eps):
+    """engram_sinkhorn_step of checked NPU tensors (R >= 1 rows of at most MAX_COLS columns,
+    row_scale contiguous, updated in place): (row_norm (R,), partials (min(vector cores, R), D))."""
+    m, cs = matrix.contiguous(), col_scale.contiguous()
+    rows, cols = m.shape
+    index, kernel = _SINKHORN.on(m, "step", "fp32", "fp32")
+    num_ctas = min(kernel.variant.num_vec_cores, rows)
+    norm = m.new_empty((rows,))
+    partial = m.new_empty((num_ctas, cols))
+    kernel(index, m.data_ptr(), row_scale.data_ptr(), cs.data_ptr(), norm.data_ptr(), partial.data_ptr(), eps, rows,
+           cols, num_ctas)  # fmt: skip
+    torch.autograd.graph.increment_version(row_scale)
+    return norm, partial
 
 
 def sinkhorn_step_reduce_npu(col_sumsq_partial, col_sumsq):

@@ -55,14 +55,14 @@ class EngramSinkhornVariant(Variant):
 
 @dataclasses.dataclass(frozen=True)
 class EngramSinkhornAscendVariant(Variant):
-    """The Ascend 950 kernels (kernels_tl/ascend/engram/engram_sinkhorn.py) of the momentum,
-    step_reduce and finalize stages; the step runs its reference on NPU tensors."""
+    """The Ascend 950 kernels (kernels_tl/ascend/engram/engram_sinkhorn.py) of every stage: the
+    momentum, step (rows of at most MAX_COLS columns), step_reduce and finalize."""
 
     family = "engram"
     op = "engram_sinkhorn"
     backend = "ascend"
 
-    stage: str  # 'momentum' | 'step_reduce' | 'finalize'
+    stage: str  # 'momentum' | 'step' | 'step_reduce' | 'finalize'
     grad_dtype: str
     momentum_dtype: str
     num_vec_cores: int
@@ -70,7 +70,7 @@ class EngramSinkhornAscendVariant(Variant):
     @classmethod
     def all(cls):
         stages = [("momentum", g, m) for g in ("bf16", "fp32") for m in ("bf16", "fp32")]
-        stages += [("step_reduce", "fp32", "fp32"), ("finalize", "fp32", "fp32")]
+        stages += [("step_reduce", "fp32", "fp32"), ("finalize", "fp32", "fp32"), ("step", "fp32", "fp32")]
         return tuple(cls(*stage, cores) for stage in stages for cores in ASCEND_VEC_CORES)
 
     def params(self):
@@ -180,9 +180,17 @@ def _check_matrix(matrix, row_scale, col_scale, eps):
 
 
 def _num_partials(matrix) -> int:
-    """The step's partial rows: its persistent CTAs on CUDA, min(3 x SMs, R); 1 on the CPU or for R = 0."""
+    """The step's partial rows: its persistent CTAs on CUDA, min(2 x SMs, R); on an NPU a row a
+    vector core, min(vector cores, R) (1 where the reference runs: rows over MAX_COLS columns);
+    1 on the CPU or for R = 0."""
     if matrix.device.type == "cpu" or matrix.shape[0] == 0:
         return 1
+    if matrix.device.type == "npu":
+        if matrix.shape[1] > MAX_COLS:
+            return 1
+        from tilebake._runtime import ascend
+
+        return min(ascend.vector_cores(ascend.device_index(matrix)), matrix.shape[0])
     return min(STEP_CTAS_PER_SM * config.get_num_sms(), matrix.shape[0])
 
 
@@ -190,7 +198,8 @@ def engram_sinkhorn_step(matrix, row_scale, col_scale, eps: float):
     """One Sinkhorn row step of diag(row_scale) matrix diag(col_scale) (matrix fp32 (R, D)):
     returns (row_norm (R,): each row's L2 norm before the step, col_sumsq_partial (P, D): the
     column sums of squares after it, in P partial rows, for engram_sinkhorn_step_reduce);
-    row_scale /= row_norm + eps in place. P = min(3 x SMs, R) (1 on the CPU or for R = 0)."""
+    row_scale /= row_norm + eps in place. P = min(2 x SMs, R) on CUDA, min(vector cores, R) on an
+    NPU (1 on the CPU, for R = 0, or on an NPU for rows over MAX_COLS columns: the reference)."""
     if not torch.compiler.is_compiling():
         try:
             call = _PLANS["step", eps, eps.__class__]
@@ -206,6 +215,10 @@ def engram_sinkhorn_step(matrix, row_scale, col_scale, eps: float):
     if torch.compiler.is_compiling():
         return torch.ops.tilebake.engram_sinkhorn_step(matrix, row_scale, col_scale, eps)
     rows, cols = matrix.shape
+    if matrix.device.type == "npu" and rows and cols <= MAX_COLS:  # the Ascend kernel
+        from tilebake.engram._engram_ascend import sinkhorn_step_npu
+
+        return sinkhorn_step_npu(matrix, row_scale, col_scale, eps)
     if not matrix.is_cuda or rows == 0:
         from tilebake.torch.engram import engram_sinkhorn_step_ref
 

@@ -2,9 +2,12 @@
 mhc_sinkhorn, mhc_fn_normw_merge, mhc_head_compute_mix and mhc_pre_split_mixes, both directions; m
 and every size at run time): the references' arithmetic (the same bits for expand, post and
 apply-mix's forwards and expand's backward; column sums in a fixed order of their own; the
-exponential the one thing not bit-exact). The other mhc ops run their references on the NPU. Never run on an NPU here: the kernels are run
-on the CPU by tests/ascend/test_emulated_mhc.py, their launches checked against a stand-in
-libascendcl."""
+exponential the one thing not bit-exact). mhc_multilayer_recompute is the chain of the apply-mix
+and post forwards' launches, a layer at a time; mhc_pre_big_fuse_fwd the chain of the partials'
+reduction and RMSNorm (its reference: no Ascend kernel yet), the split mixes, Sinkhorn and
+apply-mix launches. The other mhc ops run their references on the NPU. Never run on an NPU here:
+the kernels are run on the CPU by tests/ascend/test_emulated_mhc.py, their launches checked
+against a stand-in libascendcl."""
 
 from __future__ import annotations
 

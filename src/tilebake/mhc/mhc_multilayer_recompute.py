@@ -10,7 +10,10 @@ with the single-layer kernels' arithmetic (bit-equal to their chain, residual_{i
 bf16 post output as the chain re-reads it). A chunk after the first starts from the previous
 one's last residual_list entry. Each layer's tensors travel as separate kernel parameters (the
 original passes device pointer tables). m (1 to 8), sizes and layer counts at run time. CPU
-tensors take the chain of the single-layer ops.
+tensors take the chain of the single-layer ops (their references), NPU tensors the same chain,
+whose single-layer ops launch their Ascend kernels (tilebake.mhc._mhc_ascend): an apply-mix
+launch and a post launch a layer, no kernel of its own (tests/ascend/test_emulated_mhc.py,
+tests/ascend/test_mhc_ops.py).
 """
 
 from __future__ import annotations
@@ -145,7 +148,7 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: Seque
                                           comb_mix_list, layer_input_list, residual_list)  # fmt: skip
     if num_tokens == 0:
         return
-    if not initial_residual.is_cuda:
+    if not initial_residual.is_cuda:  # the chain: on an NPU the Ascend apply-mix and post kernels
         import tilebake.mhc as mhc
 
         residual = initial_residual
