@@ -4,9 +4,12 @@ references (tilebake.torch.mhc): expand_to_mhc both ways and the forwards of mhc
 glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 oracles'
 tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
 within the original's tolerances (the exponential is glibc's here, torch's in the references);
-mhc_fn_normw_merge both ways bit-equal to the CPU path; the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden sizes that are not a
+mhc_fn_normw_merge both ways bit-equal to the CPU path; mhc_reduce_partials_and_rmsnorm's sums
+bit-equal to it and its scaling (both ways) bit-equal to IEEE fp32 in its order, within 2 ulp of it
+(torch's CPU sqrt); the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden sizes that are not a
 multiple of the 1024-column chunk, 1 token. A model, not an NPU: nothing here ran on one."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,3 +175,42 @@ def test_mhc_pre_split_mixes_bwd(emu, tokens, m, parts):
     torch.testing.assert_close(scale_grad, want[1], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(base_grad, want[2], rtol=1e-5, atol=1e-5)
     assert torch.equal(part[:, 3 + cols :], torch.zeros(parts, width - 3 - cols))
+
+
+def _ieee_rstd(sq: torch.Tensor, group: int, eps: float) -> np.ndarray:
+    """1 / sqrt(sq / K + eps), each operation IEEE fp32 (numpy's sqrt is correctly rounded, torch's CPU one is not)."""
+    return np.float32(1) / np.sqrt(sq.numpy() / np.float32(group) + np.float32(eps))
+
+
+@pytest.mark.parametrize(
+    "splits, tokens, mixes, group", [(1, 1, 1, 8), (16, 333, 24, 16384), (3, 130, 80, 7168), (2, 9000, 24, 4096)]
+)
+def test_mhc_reduce_partials_and_rmsnorm(emu, splits, tokens, mixes, group):
+    """The sums (the splits in order) bit-equal to the CPU path; the scaling bit-equal to IEEE fp32 in the
+    CPU path's order of operations, and within the CUDA kernel's tolerance of the CPU path (2 ulp: torch's
+    CPU sqrt is not correctly rounded); the backward likewise (its dot over the mixes in order)."""
+    eps = 1e-6
+    pm, ps = torch.randn(splits, tokens, 1, mixes), torch.rand(splits, tokens, 1) * 100 + 1
+    om, os_, out = (torch.full(s, float("nan")) for s in ((tokens, 1, mixes), (tokens, 1), (tokens, mixes)))
+    _mhc_ascend.launch("mhc_reduce_partials_and_rmsnorm", "fwd", pm, *(t.data_ptr() for t in (pm, ps, om, os_, out)),
+                       tokens, mixes, splits, group, eps)  # fmt: skip
+    want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=group, rms_eps=eps)
+    assert torch.equal(om, want[0]) and torch.equal(os_, want[1])
+    assert np.array_equal(out.numpy(), om[:, 0].numpy() * _ieee_rstd(os_, group, eps))
+    torch.testing.assert_close(out, want[2], rtol=2.5e-7, atol=0)
+    r64 = (os_.double() / group + eps).rsqrt()
+    torch.testing.assert_close(out.double(), om[:, 0].double() * r64, rtol=1e-6, atol=0)
+    og = torch.randn(tokens, mixes)
+    omg, osg = torch.full((tokens, 1, mixes), float("nan")), torch.full((tokens, 1), float("nan"))
+    _mhc_ascend.launch("mhc_reduce_partials_and_rmsnorm", "bwd", om, *(t.data_ptr() for t in (og, om, os_, omg, osg)),
+                       tokens, mixes, group, eps)  # fmt: skip
+    r = _ieee_rstd(os_, group, eps)
+    assert np.array_equal(omg[:, 0].numpy(), og.numpy() * r)
+    dot = np.zeros((tokens, 1), np.float32)
+    for n in range(mixes):
+        dot = dot + og.numpy()[:, n : n + 1] * om.numpy()[:, 0, n : n + 1]
+    assert np.array_equal(osg.numpy(), -(dot * (r * r * r / np.float32(2 * group))))
+    want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_bwd(og, om, os_, rms_group_size=group, rms_eps=eps)
+    torch.testing.assert_close(omg, want[0], rtol=2.5e-7, atol=0)
+    torch.testing.assert_close(osg, want[1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(omg[:, 0].double(), og.double() * r64, rtol=1e-6, atol=0)

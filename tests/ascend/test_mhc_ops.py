@@ -133,3 +133,25 @@ def test_split_mixes_bwd_takes_the_ascend_kernels(setup):
     # BG PART SG, then mix_cols num_cols num_partials: 5 rows (one a token) of 3 + 24 columns padded to 28
     part = struct.unpack_from("<Q", bytes.fromhex(launch_args(launches[1])), 8)[0]
     assert launch_args(launches[1]) == struct.pack("<3Q3i4x", base_grad, part, scale_grad, 24, 28, 5).hex()
+
+
+def test_reduce_partials_and_rmsnorm_takes_the_ascend_kernels(setup):
+    body = """
+    pm, ps = torch.randn(3, 5, 1, 24).as_subclass(FakeNPU), (torch.rand(3, 5, 1) + 1).as_subclass(FakeNPU)
+    om, sq, out = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=1024, rms_eps=1e-6)
+    omg, sqg = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, rms_group_size=1024, rms_eps=1e-6)
+    print(json.dumps({"ptrs": [t.data_ptr() for t in (pm, ps, om, sq, out, omg, sqg)],
+                      "shapes": [list(t.shape) for t in (om, sq, out, omg, sqg)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[5, 1, 24], [5, 1], [5, 24], [5, 1, 24], [5, 1]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_reduce_partials_and_rmsnorm_fwd_kernel_kernel",
+                                                "mhc_reduce_partials_and_rmsnorm_bwd_kernel_kernel"]  # fmt: skip
+    pm, ps, om, sq, out, omg, sqg = r["ptrs"]
+    # OM OS OUT PM PS, then n_splits num_mixes num_tokens rms_eps rms_group_size
+    assert launch_args(launches[0]) == struct.pack("<5Q3ifi4x", om, sq, out, pm, ps, 3, 24, 5, 1e-6, 1024).hex()
+    # OG OM OMG OS OSG, then num_mixes num_tokens rms_eps rms_group_size
+    assert launch_args(launches[1]) == struct.pack("<5Q2ifi", out, om, omg, sq, sqg, 24, 5, 1e-6, 1024).hex()
