@@ -4,11 +4,14 @@ references (tilebake.torch.mhc): expand_to_mhc both ways and the forwards of mhc
 glibc's here) and mhc_pre_apply_mix bit-equal; the backwards within the float64 oracles'
 tolerance (column sums in a fixed order of their own); Sinkhorn, the head mix and the split mixes
 within the original's tolerances (the exponential is glibc's here, torch's in the references);
-mhc_fn_normw_merge both ways bit-equal to the CPU path; the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden sizes that are not a
-multiple of the 1024-column chunk, 1 token. mhc_multilayer_recompute on tensors reporting an NPU
-(the chain of the apply-mix and post kernels) bit-equal to its CPU path. A model, not an NPU:
-nothing here ran on one."""
+mhc_fn_normw_merge both ways bit-equal to the CPU path; mhc_reduce_partials_and_rmsnorm's sums
+bit-equal to it and its scaling (both ways) bit-equal to IEEE fp32 in its order, within 2 ulp of it
+(torch's CPU sqrt); the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden
+sizes that are not a multiple of the 1024-column chunk, 1 token. mhc_multilayer_recompute on
+tensors reporting an NPU (the chain of the apply-mix and post kernels) bit-equal to its CPU path.
+A model, not an NPU: nothing here ran on one."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +19,7 @@ import tilebake.mhc
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
 from tilebake.mhc import _mhc_ascend
 from tilebake.mhc import mhc_pre_split_mixes as split_mixes
+from tilebake.mhc.mhc_pre_norm_gemm import split_columns
 from tilebake.torch.mhc import (
     expand_to_mhc_bwd_ref,
     expand_to_mhc_ref,
@@ -215,3 +219,99 @@ def test_mhc_multilayer_recompute(emu, layers, posts, tokens, m, hidden):
     for i in range(posts):
         assert emu.launches[2 * i + 1].args["OUT"] == got_res[i].data_ptr()
         assert torch.equal(got_res[i], want_res[i]), f"residual {i}"
+
+
+def _ieee_rstd(sq: torch.Tensor, group: int, eps: float) -> np.ndarray:
+    """1 / sqrt(sq / K + eps), each operation IEEE fp32 (numpy's sqrt is correctly rounded, torch's CPU one is not)."""
+    return np.float32(1) / np.sqrt(sq.numpy() / np.float32(group) + np.float32(eps))
+
+
+@pytest.mark.parametrize(
+    "splits, tokens, mixes, group", [(1, 1, 1, 8), (16, 333, 24, 16384), (3, 130, 80, 7168), (2, 9000, 24, 4096)]
+)
+def test_mhc_reduce_partials_and_rmsnorm(emu, splits, tokens, mixes, group):
+    """The sums (the splits in order) bit-equal to the CPU path; the scaling bit-equal to IEEE fp32 in the
+    CPU path's order of operations, and within the CUDA kernel's tolerance of the CPU path (2 ulp: torch's
+    CPU sqrt is not correctly rounded); the backward likewise (its dot over the mixes in order)."""
+    eps = 1e-6
+    pm, ps = torch.randn(splits, tokens, 1, mixes), torch.rand(splits, tokens, 1) * 100 + 1
+    om, os_, out = (torch.full(s, float("nan")) for s in ((tokens, 1, mixes), (tokens, 1), (tokens, mixes)))
+    _mhc_ascend.launch("mhc_reduce_partials_and_rmsnorm", "fwd", pm, *(t.data_ptr() for t in (pm, ps, om, os_, out)),
+                       tokens, mixes, splits, group, eps)  # fmt: skip
+    want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=group, rms_eps=eps)
+    assert torch.equal(om, want[0]) and torch.equal(os_, want[1])
+    assert np.array_equal(out.numpy(), om[:, 0].numpy() * _ieee_rstd(os_, group, eps))
+    torch.testing.assert_close(out, want[2], rtol=2.5e-7, atol=0)
+    r64 = (os_.double() / group + eps).rsqrt()
+    torch.testing.assert_close(out.double(), om[:, 0].double() * r64, rtol=1e-6, atol=0)
+    og = torch.randn(tokens, mixes)
+    omg, osg = torch.full((tokens, 1, mixes), float("nan")), torch.full((tokens, 1), float("nan"))
+    _mhc_ascend.launch("mhc_reduce_partials_and_rmsnorm", "bwd", om, *(t.data_ptr() for t in (og, om, os_, omg, osg)),
+                       tokens, mixes, group, eps)  # fmt: skip
+    r = _ieee_rstd(os_, group, eps)
+    assert np.array_equal(omg[:, 0].numpy(), og.numpy() * r)
+    dot = np.zeros((tokens, 1), np.float32)
+    for n in range(mixes):
+        dot = dot + og.numpy()[:, n : n + 1] * om.numpy()[:, 0, n : n + 1]
+    assert np.array_equal(osg.numpy(), -(dot * (r * r * r / np.float32(2 * group))))
+    want = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_bwd(og, om, os_, rms_group_size=group, rms_eps=eps)
+    torch.testing.assert_close(omg, want[0], rtol=2.5e-7, atol=0)
+    torch.testing.assert_close(osg, want[1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(omg[:, 0].double(), og.double() * r64, rtol=1e-6, atol=0)
+
+
+def _split_ref64(x, fn, n_splits):
+    """float64 split-K partials over the kernels' splits, (S, T, N) and (S, T)."""
+    c = split_columns(fn.shape[1], n_splits)
+    f = fn.double()
+    out = torch.stack([x[:, s * c : (s + 1) * c] @ f[:, s * c : (s + 1) * c].t() for s in range(n_splits)])
+    return out, torch.stack([x[:, s * c : (s + 1) * c].square().sum(-1) for s in range(n_splits)])
+
+
+def _within_a_bf16_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every element of bf16 a next to or equal to b's (one rounding of a differently ordered fp32 sum)."""
+    steps = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+    return bool(((steps <= 1) | ((a.float() - b.float()).abs() <= 1e-3)).all())
+
+
+@pytest.mark.parametrize(
+    "lead, m, hidden, mixes, n_splits",
+    [((1,), 4, 128, 24, 16), ((2, 33), 4, 7168, 24, 16), ((130,), 2, 192, 8, 5), ((3,), 8, 520, 80, 3),
+     ((70,), 4, 256, 4, 40), ((9,), 3, 136, 15, 2), ((17,), 1, 8, 3, 1)],
+)  # fmt: skip
+def test_mhc_pre_norm_gemm(emu, lead, m, hidden, mixes, n_splits):
+    """fp32 products and sums in fixed orders of our own (the CPU path's fp32 arithmetic, fn not
+    split, torch's matmul order not reproduced): the partials within 1e-5 of float64 over the same
+    splits (a split past K zeros), the square sums likewise; residual_grad one bf16 rounding of
+    float64 (and within a bf16 ulp of the CPU path), in place or not; fn_grad (tokens in order)
+    within 1e-5 of float64."""
+    residual = torch.randn(*lead, m, hidden).bfloat16()
+    cols = m * hidden
+    fn = torch.randn(mixes, cols) / cols**0.5
+    tokens = residual.numel() // cols
+    om, sq = torch.full((n_splits, tokens, 1, mixes), float("nan")), torch.full((n_splits, tokens, 1), float("nan"))
+    _mhc_ascend.launch("mhc_pre_norm_gemm", "fwd", residual, residual.data_ptr(), fn.data_ptr(), om.data_ptr(),
+                       sq.data_ptr(), tokens, cols, mixes, n_splits)  # fmt: skip
+    x = residual.double().reshape(tokens, cols)
+    want_om, want_sq = _split_ref64(x, fn, n_splits)
+    torch.testing.assert_close(om[:, :, 0].double(), want_om, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sq[:, :, 0].double(), want_sq, rtol=1e-5, atol=1e-5)
+    cpu = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn, n_splits)
+    torch.testing.assert_close(om, cpu[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sq, cpu[1], rtol=1e-5, atol=1e-5)
+    dom, dsq = torch.randn(tokens, 1, mixes), torch.randn(tokens, 1) / hidden
+    start = torch.randn(residual.shape).bfloat16()
+    d = dom.double().reshape(tokens, mixes)
+    want_g = d @ fn.double() + 2 * dsq.double() * x
+    want_fg = d.t() @ x
+    for given in (True, False):
+        rg = start.clone() if given else torch.full_like(residual, float("nan"))
+        fg = torch.full_like(fn, float("nan"))
+        ptrs = (t.data_ptr() for t in (residual, fn, dom, dsq, rg, fg))
+        _mhc_ascend.launch("mhc_pre_norm_gemm", "bwd", residual, *ptrs, tokens, cols, mixes, int(given))
+        want = want_g + (start.double().reshape(tokens, cols) if given else 0)
+        torch.testing.assert_close(rg.double().reshape(tokens, cols), want, rtol=8e-3, atol=1e-2)
+        cpu = tilebake.mhc.mhc_pre_norm_gemm_bwd(residual, fn, dom, dsq, start.clone() if given else None)
+        assert _within_a_bf16_ulp(rg, cpu[0])
+        torch.testing.assert_close(fg.double(), want_fg, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fg, cpu[1], rtol=1e-5, atol=1e-5)

@@ -169,3 +169,52 @@ def test_mhc_multilayer_recompute_chains_the_ascend_kernels(setup):
             args = struct.pack("<5Q3i4x", comb[i], residuals[i], posts[i], residual, out[i], 256, 4, 3)
             assert launch_args(launches[2 * i + 1]) == args.hex()
             residual = residuals[i]
+
+
+def test_reduce_partials_and_rmsnorm_takes_the_ascend_kernels(setup):
+    body = """
+    pm, ps = torch.randn(3, 5, 1, 24).as_subclass(FakeNPU), (torch.rand(3, 5, 1) + 1).as_subclass(FakeNPU)
+    om, sq, out = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=1024, rms_eps=1e-6)
+    omg, sqg = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_bwd(out, om, sq, rms_group_size=1024, rms_eps=1e-6)
+    print(json.dumps({"ptrs": [t.data_ptr() for t in (pm, ps, om, sq, out, omg, sqg)],
+                      "shapes": [list(t.shape) for t in (om, sq, out, omg, sqg)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[5, 1, 24], [5, 1], [5, 24], [5, 1, 24], [5, 1]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_reduce_partials_and_rmsnorm_fwd_kernel_kernel",
+                                                "mhc_reduce_partials_and_rmsnorm_bwd_kernel_kernel"]  # fmt: skip
+    pm, ps, om, sq, out, omg, sqg = r["ptrs"]
+    # OM OS OUT PM PS, then n_splits num_mixes num_tokens rms_eps rms_group_size
+    assert launch_args(launches[0]) == struct.pack("<5Q3ifi4x", om, sq, out, pm, ps, 3, 24, 5, 1e-6, 1024).hex()
+    # OG OM OMG OS OSG, then num_mixes num_tokens rms_eps rms_group_size
+    assert launch_args(launches[1]) == struct.pack("<5Q2ifi", out, om, omg, sq, sqg, 24, 5, 1e-6, 1024).hex()
+
+
+def test_pre_norm_gemm_takes_the_ascend_kernels(setup):
+    body = """
+    residual = torch.randn(5, 4, 64).to(torch.bfloat16).as_subclass(FakeNPU)
+    fn = torch.randn(24, 256).as_subclass(FakeNPU)
+    om, sq = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn, 2)
+    dom, dsq = torch.randn(5, 24).as_subclass(FakeNPU), torch.randn(5).as_subclass(FakeNPU)
+    rg, fg = tilebake.mhc.mhc_pre_norm_gemm_bwd(residual, fn, dom, dsq)
+    given = torch.zeros(5, 4, 64, dtype=torch.bfloat16).as_subclass(FakeNPU)
+    tilebake.mhc.mhc_pre_norm_gemm_bwd(residual, fn, dom, dsq, given, fg)
+    print(json.dumps({"ptrs": [t.data_ptr() for t in (residual, fn, om, sq, dom, dsq, rg, fg, given)],
+                      "shapes": [list(t.shape) for t in (om, sq, rg, fg)]}))
+    """
+    result, calls = run(setup, body, npu=True)
+    assert result.returncode == 0, result.stderr
+    r = json.loads(result.stdout)
+    assert r["shapes"] == [[2, 5, 1, 24], [2, 5, 1], [5, 4, 64], [24, 256]]
+    launches = [c for c in calls if c.startswith("launch")]
+    assert [c.split()[1] for c in launches] == ["mhc_pre_norm_gemm_fwd_kernel_kernel"] + [
+        "mhc_pre_norm_gemm_bwd_kernel_kernel"] * 2  # fmt: skip
+    x, fn, om, sq, dom, dsq, rg, fg, given = r["ptrs"]
+    # FN OUT SQ X, then n_splits num_cols num_mixes num_tokens
+    assert launch_args(launches[0]) == struct.pack("<4Q4i", fn, om, sq, x, 2, 256, 24, 5).hex()
+    # DOM DSQ FG FN X XG, then has_x_grad num_cols num_mixes num_tokens
+    assert launch_args(launches[1]) == struct.pack("<6Q4i", dom, dsq, fg, fn, x, rg, 0, 256, 24, 5).hex()
+    assert launch_args(launches[2]) == struct.pack("<6Q4i", dom, dsq, fg, fn, x, given, 1, 256, 24, 5).hex()

@@ -8,7 +8,9 @@ mhc_reduce_partials_and_rmsnorm_fwd adds in split order; split s covers the K co
 multiple of 64, as 28672 / 16 is), a split past K is zeros.
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_pre_norm_gemm.py); CPU tensors take plain torch
-arithmetic in fp32 over the same splits.
+arithmetic in fp32 over the same splits; NPU tensors the Ascend 950 kernels
+(kernels_tl/ascend/mhc/mhc_pre_norm_gemm.py: fp32 products and sums in a fixed order, fn not
+split; emulated on the CPU only).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
 from tilebake.mhc import _plans_norm
-from tilebake.mhc._common import check_aligned, check_shape, check_streams
+from tilebake.mhc._common import MhcAscendVariant, check_aligned, check_shape, check_streams
 from tilebake.quant.norm_backward import sum_partial_rows, sum_partial_rows_kernel
 
 BM, BK = 64, 64  # the forward's tile: tokens x columns (a split is whole BK steps)
@@ -50,6 +52,19 @@ class MhcPreNormGemmVariant(Variant):
             return ptr("X", "FN", "OUT", "SQ") + i32("num_tokens", "num_cols", "num_mixes", "n_splits")
         return ptr("X", "FN", "DOM", "DSQ", "XG", "P") + i32("num_tokens", "num_cols", "num_mixes", "num_parts",
                                                             "has_x_grad")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPreNormGemmAscendVariant(MhcAscendVariant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_norm_gemm.py): up to MAX_MIXES mixes and
+    every size at run time; the backward writes fn_grad itself (no partial rows)."""
+
+    op = "mhc_pre_norm_gemm"
+
+    def params(self):
+        if self.direction == "fwd":
+            return ptr("X", "FN", "OUT", "SQ") + i32("num_tokens", "num_cols", "num_mixes", "n_splits")
+        return ptr("X", "FN", "DOM", "DSQ", "XG", "FG") + i32("num_tokens", "num_cols", "num_mixes", "has_x_grad")
 
 
 _KERNELS = KernelTable(MhcPreNormGemmVariant)
@@ -120,13 +135,20 @@ def mhc_pre_norm_gemm_fwd(residual: torch.Tensor, fn: torch.Tensor, n_splits: in
     outs = []
     for t, name, shape in zip((out_mul_splitted, sqrsum_splitted), ("out_mul_splitted", "sqrsum_splitted"), shapes):
         if t is None:
-            t = torch.empty(shape, dtype=torch.float32, device=residual.device)
+            t = residual.new_empty(shape, dtype=torch.float32)
         else:
             check_streams(t, name, torch.float32, 1)
             check_shape(t, name, shape, residual, "residual")
         outs.append(t)
     out_mul, sqrsum = outs
     if num_tokens == 0:
+        return out_mul, sqrsum
+    if residual.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_pre_norm_gemm", "fwd", residual, residual.data_ptr(), fn.data_ptr(), out_mul.data_ptr(),
+               sqrsum.data_ptr(), num_tokens, num_cols, num_mixes, n_splits)  # fmt: skip
+        plan.bump(out_mul if out_mul_splitted is not None else None, sqrsum if sqrsum_splitted is not None else None)
         return out_mul, sqrsum
     if not residual.is_cuda:
         x = residual.reshape(num_tokens, num_cols).float()
@@ -192,6 +214,17 @@ def mhc_pre_norm_gemm_bwd(residual: torch.Tensor, fn: torch.Tensor, out_mul_grad
     else:
         check_streams(fn_grad, "fn_grad", torch.float32, 2)
         check_shape(fn_grad, "fn_grad", fn.shape, residual, "residual")
+    if residual.device.type == "npu":  # the Ascend kernel: fn_grad written whole, no partial rows
+        from tilebake.mhc._mhc_ascend import launch
+
+        if num_tokens == 0:
+            fn_grad.zero_()
+        else:
+            launch("mhc_pre_norm_gemm", "bwd", residual, residual.data_ptr(), fn.data_ptr(), out_mul_grad.data_ptr(),
+                   sqrsum_grad.data_ptr(), residual_grad.data_ptr(), fn_grad.data_ptr(), num_tokens, num_cols,
+                   num_mixes, int(given))  # fmt: skip
+            plan.bump(residual_grad if given else None, fn_grad if fn_grad_given else None)
+        return residual_grad, fn_grad
     if not residual.is_cuda:
         x = residual.reshape(num_tokens, num_cols).float()
         dom = out_mul_grad.reshape(num_tokens, num_mixes)

@@ -5,7 +5,9 @@ One RMS group a token (the original's only case). The CUDA sums equal the CPU pa
 scaling is within 2 ulp of it (torch computes the reciprocal its own way).
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_reduce_partials_and_rmsnorm.py); CPU tensors take
-the same arithmetic in torch.
+the same arithmetic in torch; NPU tensors the Ascend 950 kernels
+(kernels_tl/ascend/mhc/mhc_reduce_partials_and_rmsnorm.py: the CUDA kernels' IEEE fp32 operations,
+emulated on the CPU only).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, f32, i32, ptr
 from tilebake.mhc import _plans_norm
-from tilebake.mhc._common import check_shape, check_streams
+from tilebake.mhc._common import MhcAscendVariant, check_shape, check_streams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,14 @@ class MhcReducePartialsAndRmsnormVariant(Variant):
         return ptr("OG", "OM", "OS", "OMG", "OSG") + i32("num_tokens", "num_mixes", "rms_group_size") + f32("rms_eps")
 
 
+@dataclasses.dataclass(frozen=True)
+class MhcReducePartialsAndRmsnormAscendVariant(MhcAscendVariant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_reduce_partials_and_rmsnorm.py): every size at run time."""
+
+    op = "mhc_reduce_partials_and_rmsnorm"
+    params = MhcReducePartialsAndRmsnormVariant.params
+
+
 _KERNELS = KernelTable(MhcReducePartialsAndRmsnormVariant)
 _PLANS = plan.cache()  # by direction, which outputs are given, rms_group_size, rms_eps (and n_splits)
 
@@ -54,7 +64,7 @@ def _check_group(rms_group_size, rms_eps) -> tuple[int, float]:
 
 def _out(t, name, shape, like, like_name):
     if t is None:
-        return torch.empty(shape, dtype=torch.float32, device=like.device)
+        return like.new_empty(shape, dtype=torch.float32)
     check_streams(t, name, torch.float32, 1)
     check_shape(t, name, shape, like, like_name)
     return t
@@ -98,6 +108,16 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted, sqrsum_splitted, out_m
     sqrsum = _out(sqrsum, "sqrsum", (num_tokens, 1), *like)
     out = _out(out, "out", (num_tokens, num_mixes), *like)
     if out.numel() == 0:
+        return out_mul, sqrsum, out
+    if out_mul_splitted.device.type == "npu":  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        if out_mul_splitted.numel() >= 2**31:
+            raise ValueError("out_mul_splitted must have fewer than 2^31 elements")
+        launch("mhc_reduce_partials_and_rmsnorm", "fwd", out_mul_splitted, out_mul_splitted.data_ptr(),
+               sqrsum_splitted.data_ptr(), out_mul.data_ptr(), sqrsum.data_ptr(), out.data_ptr(), num_tokens,
+               num_mixes, splits, rms_group_size, rms_eps)  # fmt: skip
+        plan.bump(*(t for t, new in zip((out_mul, sqrsum, out), key[1:4]) if not new))
         return out_mul, sqrsum, out
     if not out_mul_splitted.is_cuda:
         acc, sq = out_mul_splitted[0].clone(), sqrsum_splitted[0].clone()
@@ -149,6 +169,14 @@ def mhc_reduce_partials_and_rmsnorm_bwd(out_grad, out_mul, sqrsum, out_mul_grad=
     out_mul_grad = _out(out_mul_grad, "out_mul_grad", (num_tokens, 1, num_mixes), out_mul, "out_mul")
     sqrsum_grad = _out(sqrsum_grad, "sqrsum_grad", (num_tokens, 1), out_mul, "out_mul")
     if num_tokens == 0:
+        return out_mul_grad, sqrsum_grad
+    if out_mul.device.type == "npu" and num_mixes:  # the Ascend kernel
+        from tilebake.mhc._mhc_ascend import launch
+
+        launch("mhc_reduce_partials_and_rmsnorm", "bwd", out_mul, out_grad.data_ptr(), out_mul.data_ptr(),
+               sqrsum.data_ptr(), out_mul_grad.data_ptr(), sqrsum_grad.data_ptr(), num_tokens, num_mixes,
+               rms_group_size, rms_eps)  # fmt: skip
+        plan.bump(*(t for t, new in zip((out_mul_grad, sqrsum_grad), key[1:3]) if not new))
         return out_mul_grad, sqrsum_grad
     if not out_mul.is_cuda:
         r = _rstd(sqrsum, rms_group_size, rms_eps)  # (T, 1)
