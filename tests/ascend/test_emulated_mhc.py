@@ -11,6 +11,8 @@ sizes that are not a multiple of the 1024-column chunk, 1 token. mhc_multilayer_
 tensors reporting an NPU (the chain of the apply-mix and post kernels) bit-equal to its CPU path.
 A model, not an NPU: nothing here ran on one."""
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -180,6 +182,20 @@ def test_mhc_pre_split_mixes_bwd(emu, tokens, m, parts):
     assert torch.equal(part[:, 3 + cols :], torch.zeros(parts, width - 3 - cols))
 
 
+def _name_the_npu_device():
+    """torch.device("npu") in this process: torch's private-use backend named "npu" (for good: torch
+    has no undo), with a torch.npu module saying no NPU is available, as torch_npu would on a host
+    without one (torch.compile looks the backend's module up: without one, every later compile in
+    the process fails)."""
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    if not hasattr(torch, "npu"):
+        stub = types.ModuleType("torch.npu")
+        stub.is_available = lambda: False
+        stub.device_count = lambda: 0
+        torch._register_device_module("npu", stub)
+
+
 class _FakeNPU(torch.Tensor):
     """A CPU tensor reporting npu:0, so a public op takes its NPU branch (the emulated kernels)."""
 
@@ -193,8 +209,7 @@ class _FakeNPU(torch.Tensor):
 def test_mhc_multilayer_recompute(emu, layers, posts, tokens, m, hidden):
     """The op on NPU tensors is the chain of the Ascend apply-mix and post kernels, a launch each
     per layer: bit-equal to the CPU path (the chain of the references)."""
-    if torch._C._get_privateuse1_backend_name() != "npu":
-        torch.utils.rename_privateuse1_backend("npu")
+    _name_the_npu_device()
     r0 = bf16(tokens, m, hidden)
     pre = [torch.rand(tokens, m, 1) for _ in range(layers)]
     out = [bf16(tokens, hidden) for _ in range(posts)]
