@@ -374,8 +374,7 @@ def test_mhc_pre_big_fuse_fwd(emu, monkeypatch, lead, m, hidden, n_splits, given
     tolerance; the Sinkhorn within the original's; the apply-mix bit-equal. The whole against the
     op's CPU path (torch's sqrt and exp there): post and comb within those tolerances, layer_input
     within a bf16 ulp (one rounding of an fp32 sum whose weights differ within them)."""
-    if torch._C._get_privateuse1_backend_name() != "npu":
-        torch.utils.rename_privateuse1_backend("npu")
+    _name_the_npu_device()
     m3, tokens = m * (m + 2), int(np.prod(lead))
     residual = bf16(*lead, m, hidden)
     fn = torch.randn(m3, m * hidden) / (m * hidden) ** 0.5
