@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -94,22 +95,25 @@ class Emulator:
 
     def install(self, monkeypatch, *modules) -> None:
         """The NPU paths of `modules` (their AscendKernelTable attributes) launch these
-        kernels; tensors are on the CPU, npu:0 with 64 vector cores as far as they can tell."""
+        kernels; tensors are on the CPU, npu:0 with 64 vector cores as far as they can tell. The
+        table objects themselves are patched (their entries, and what builds a missing one), so
+        a module's code may reach them through any name or map; all as before after the test."""
         from tilebake._runtime import ascend
-
-        emulator = self
-
-        class Table(ascend.AscendKernelTable):
-            def __missing__(self, key):
-                kernel = self[key] = emulator.kernel(self.variant_type(*key))
-                return kernel
 
         monkeypatch.setattr(ascend, "device_index", lambda t: 0)
         monkeypatch.setattr(ascend, "vector_cores", lambda index: 64)
-        for module in modules:
-            for name, table in vars(module).items():
-                if isinstance(table, ascend.AscendKernelTable):
-                    monkeypatch.setattr(module, name, Table(table.variant_type))
+        tables = {id(t): t for m in modules for t in vars(m).values() if isinstance(t, ascend.AscendKernelTable)}
+        for table in tables.values():
+            for key in list(table):  # kernels built for an NPU: set aside until the test ends
+                monkeypatch.delitem(table, key)
+            # (the instance's own attribute over the class's method: removed again after the test)
+            monkeypatch.setitem(vars(table), "build", functools.partial(self._build, monkeypatch, table))
+
+    def _build(self, monkeypatch, table, key: tuple) -> EmulatedKernel:
+        """table's entry for key while installed: the emulated kernel, the entry gone after the test."""
+        kernel = self.kernel(table.variant_type(*key))
+        monkeypatch.setitem(table, key, kernel)
+        return kernel
 
 
 def assert_in_bounds(launch: Launch, tensors: dict) -> None:

@@ -9,12 +9,13 @@ bwd: gy = g s (1 - s) with s recomputed, x_grad = gy * scale; partial row b sums
 [b ceil(T / P), ...) (the CUDA kernel's split): base_p[b, i] = the sum of gy[t, i] over them in
 token order, scale_p[b] = the sum over the streams in order of each stream's sum of gy x. A vector
 core the rows core, core + num_vec_cores, ...; a SIMT thread a stream, on GM (the sums kept in
-the unified buffer). Built and lowered here, never run on an NPU: checked on the CPU by
-tests/ascend/test_emulated_mhc.py.
+the unified buffer; the token walk common.partial_row_summer's). Built and lowered here, never
+run on an NPU: checked on the CPU by tests/ascend/test_emulated_mhc.py.
 """
 
 import tilelang.ascend.language as T
 
+from kernels_tl.ascend.mhc.common import partial_row_summer
 from tilebake.mhc._common import MAX_MHC_MULT
 from tilebake.mhc.mhc_head_compute_mix import MhcHeadComputeMixAscendVariant
 
@@ -48,9 +49,19 @@ def build(v: MhcHeadComputeMixAscendVariant):
     return mhc_head_compute_mix_fwd_kernel
 
 
+@T.macro
+def _gradient(t, i, y: T.Ref, gy: T.Ref, s: T.Ref, prod: T.Ref, G):
+    """gy = G[t, i] s (1 - s), s the sigmoid of y."""
+    s = T.float32(1) / (T.float32(1) + T.exp(-y))
+    prod = T.float32(1) - s
+    prod = s * prod
+    gy = G[t, i] * prod  # noqa: F841 (a store through the T.Ref)
+
+
 def _backward(n, m, CORES):
     M = MAX_MHC_MULT
     parts = T.dynamic("num_partials")
+    sum_row = partial_row_summer(M, _gradient)
 
     @T.prim_func
     def mhc_head_compute_mix_bwd_kernel(
@@ -67,27 +78,7 @@ def _backward(n, m, CORES):
             per = T.ceildiv(n, parts)
             for r in T.serial(T.ceildiv(parts - core, CORES)):
                 b = core + r * CORES
-                with T.SimtVF(threads=M):
-                    i = T.get_thread_binding()
-                    y = T.alloc_var("float32")
-                    s = T.alloc_var("float32")
-                    gy = T.alloc_var("float32")
-                    prod = T.alloc_var("float32")
-                    sums[0, i] = T.float32(0)
-                    sums[1, i] = T.float32(0)
-                    if i < m:
-                        for k in T.serial(per):
-                            t = b * per + k
-                            if t < n:
-                                y = X[t, i] * SCALE[0] + BASE[i]
-                                s = T.float32(1) / (T.float32(1) + T.exp(-y))
-                                prod = T.float32(1) - s
-                                prod = s * prod
-                                gy = G[t, i] * prod
-                                XG[t, i] = gy * SCALE[0]
-                                sums[0, i] = sums[0, i] + gy
-                                prod = gy * X[t, i]
-                                sums[1, i] = sums[1, i] + prod
+                sum_row(b, per, X, XG, SCALE, BASE, sums, G)
                 with T.SimtVF(threads=M):  # the row: streams in order
                     i = T.get_thread_binding()
                     acc = T.alloc_var("float32")

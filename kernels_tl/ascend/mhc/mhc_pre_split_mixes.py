@@ -10,13 +10,15 @@ bwd: the CUDA kernels' two steps and layouts. Partial row b (a vector core the r
 num_vec_cores, ...) takes the tokens [b ceil(T / P), ...), a SIMT thread a column: gy (the
 sigmoid's derivative s (1 - s) recomputed; the post gradient times post_mult first), mixes_grad =
 gy * scale[segment], and in token order the column's sums of gy and gy * mix (in the unified
-buffer); the row: [the 3 segments' scale sums (columns in order), the m3 base sums, zeros to
-num_cols]. bwd_reduce: the first vector core sums the rows in order into scale_grad and base_grad.
+buffer; the token walk common.partial_row_summer's); the row: [the 3 segments' scale sums (columns
+in order), the m3 base sums, zeros to num_cols]. bwd_reduce: the first vector core sums the rows in
+order into scale_grad and base_grad.
 Built and lowered here, never run on an NPU: checked on the CPU by tests/ascend/test_emulated_mhc.py.
 """
 
 import tilelang.ascend.language as T
 
+from kernels_tl.ascend.mhc.common import partial_row_summer
 from tilebake.mhc._common import MAX_MHC_MULT
 from tilebake.mhc.mhc_pre_split_mixes import MhcPreSplitMixesAscendVariant
 
@@ -72,6 +74,24 @@ def _backward(n, m, cols, CORES):
     parts = T.dynamic("num_partials")
     width = T.dynamic("num_cols")
 
+    @T.macro
+    def gradient(t, c, y: T.Ref, gy: T.Ref, s: T.Ref, ds: T.Ref, PREG, POSTG, COMBG, post_mult):
+        """gy: the pre / post columns' gradients times s (1 - s), s the sigmoid of y (post's times
+        post_mult first); the comb columns' as they are."""
+        if c < 2 * m:
+            s = T.float32(1) / (T.float32(1) + T.exp(-y))
+            ds = T.float32(1) - s
+            ds = s * ds
+            if c < m:
+                gy = PREG[t, c] * ds
+            else:
+                gy = POSTG[t, c - m] * post_mult
+                gy = gy * ds
+        else:
+            gy = COMBG[t, c - 2 * m]
+
+    sum_row = partial_row_summer(THREADS, gradient, lambda c: _segment(c, m))
+
     @T.prim_func
     def mhc_pre_split_mixes_bwd_kernel(
         PREG: T.Tensor((n, m), "float32"),
@@ -89,34 +109,7 @@ def _backward(n, m, cols, CORES):
             per = T.ceildiv(n, parts)
             for r in T.serial(T.ceildiv(parts - core, CORES)):
                 b = core + r * CORES
-                with T.SimtVF(threads=THREADS):
-                    c = T.get_thread_binding()
-                    y = T.alloc_var("float32")
-                    s = T.alloc_var("float32")
-                    ds = T.alloc_var("float32")
-                    gy = T.alloc_var("float32")
-                    prod = T.alloc_var("float32")
-                    sums[0, c] = T.float32(0)
-                    sums[1, c] = T.float32(0)
-                    for k in T.serial(per):
-                        t = b * per + k
-                        if t < n and c < cols:
-                            y = MIX[t, c] * SCALE[_segment(c, m)] + BASE[c]
-                            if c < 2 * m:
-                                s = T.float32(1) / (T.float32(1) + T.exp(-y))
-                                ds = T.float32(1) - s
-                                ds = s * ds
-                                if c < m:
-                                    gy = PREG[t, c] * ds
-                                else:
-                                    gy = POSTG[t, c - m] * post_mult
-                                    gy = gy * ds
-                            else:
-                                gy = COMBG[t, c - 2 * m]
-                            MIXG[t, c] = gy * SCALE[_segment(c, m)]
-                            sums[0, c] = sums[0, c] + gy
-                            prod = gy * MIX[t, c]
-                            sums[1, c] = sums[1, c] + prod
+                sum_row(b, per, MIX, MIXG, SCALE, BASE, sums, PREG, POSTG, COMBG, post_mult)
                 with T.SimtVF(threads=THREADS):  # the row
                     c = T.get_thread_binding()
                     acc = T.alloc_var("float32")

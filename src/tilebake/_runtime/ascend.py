@@ -179,8 +179,12 @@ class AscendKernelTable(dict):
         self.variant_type = variant_type
 
     def __missing__(self, key: tuple) -> AscendKernel:
-        kernel = self[key] = AscendKernel(self.variant_type(*key))
+        kernel = self[key] = self.build(key)
         return kernel
+
+    def build(self, key: tuple) -> AscendKernel:
+        """The kernel of `key` (tests/ascend/emulator.py builds emulated ones in its place)."""
+        return AscendKernel(self.variant_type(*key))
 
     def on(self, t, *key) -> tuple[int, AscendKernel]:
         """(t's NPU index, the kernel of `key` built for that NPU's vector-core count): where an op

@@ -33,14 +33,14 @@ _FN_MERGE = ascend.AscendKernelTable(MhcFnNormwMergeAscendVariant)
 _REDUCE_NORM = ascend.AscendKernelTable(MhcReducePartialsAndRmsnormAscendVariant)
 _GEMM = ascend.AscendKernelTable(MhcPreNormGemmAscendVariant)
 _TABLES = {
-    "expand_to_mhc": "_EXPAND", "mhc_post": "_POST", "mhc_pre_apply_mix": "_APPLY_MIX", "mhc_sinkhorn": "_SINKHORN",
-    "mhc_head_compute_mix": "_HEAD_MIX", "mhc_pre_split_mixes": "_SPLIT_MIXES", "mhc_fn_normw_merge": "_FN_MERGE",
-    "mhc_reduce_partials_and_rmsnorm": "_REDUCE_NORM", "mhc_pre_norm_gemm": "_GEMM",
-}  # fmt: skip (by name: tests/ascend/emulator.py replaces the tables on the module)
+    "expand_to_mhc": _EXPAND, "mhc_post": _POST, "mhc_pre_apply_mix": _APPLY_MIX, "mhc_sinkhorn": _SINKHORN,
+    "mhc_head_compute_mix": _HEAD_MIX, "mhc_pre_split_mixes": _SPLIT_MIXES, "mhc_fn_normw_merge": _FN_MERGE,
+    "mhc_reduce_partials_and_rmsnorm": _REDUCE_NORM, "mhc_pre_norm_gemm": _GEMM,
+}  # fmt: skip
 
 
 def launch(op: str, direction: str, like, *args) -> None:
     """op's `direction` kernel on like's NPU, with the CUDA kernel's arguments (checked,
     contiguous tensors' addresses and the sizes)."""
-    index, kernel = globals()[_TABLES[op]].on(like, direction)
+    index, kernel = _TABLES[op].on(like, direction)
     kernel(index, *args)
