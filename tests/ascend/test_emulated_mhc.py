@@ -244,7 +244,7 @@ def _ieee_rstd(sq: torch.Tensor, group: int, eps: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "splits, tokens, mixes, group", [(1, 1, 1, 8), (16, 333, 24, 16384), (3, 130, 80, 7168), (2, 9000, 24, 4096)]
+    "splits, tokens, mixes, group", [(1, 1, 1, 8), (16, 333, 24, 16384), (3, 130, 80, 7168), (2, 901, 24, 4096)]
 )
 def test_mhc_reduce_partials_and_rmsnorm(emu, splits, tokens, mixes, group):
     """The sums (the splits in order) bit-equal to the CPU path; the scaling bit-equal to IEEE fp32 in the
@@ -293,7 +293,7 @@ def _within_a_bf16_ulp(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize(
     "lead, m, hidden, mixes, n_splits",
-    [((1,), 4, 128, 24, 16), ((2, 33), 4, 7168, 24, 16), ((130,), 2, 192, 8, 5), ((3,), 8, 520, 80, 3),
+    [((1,), 4, 128, 24, 16), ((2, 33), 4, 1032, 24, 16), ((130,), 2, 192, 8, 5), ((3,), 8, 520, 80, 3),
      ((70,), 4, 256, 4, 40), ((9,), 3, 136, 15, 2), ((17,), 1, 8, 3, 1)],
 )  # fmt: skip
 def test_mhc_pre_norm_gemm(emu, lead, m, hidden, mixes, n_splits):
