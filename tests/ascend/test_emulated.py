@@ -185,6 +185,49 @@ def test_norm_forward(emu, dtype, with_weight, with_residual, shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("round_sf, packed", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("with_weight, with_residual, shape", [(True, True, (2, 37, 1024)), (False, False, (1, 128))])
+def test_norm_forward_and_per_token_cast(emu, dtype, round_sf, packed, with_weight, with_residual, shape):
+    """The fused kernel: the bytes of norm_forward's kernel followed by per_token_cast's (a zero
+    row and huge values among the rows), and the CPU path's within the norm's tolerance."""
+    x = _special_rows(torch.randn(shape).view(-1, shape[-1])).view(shape).to(dtype)
+    weight = torch.rand(shape[-1]).to(dtype) + 0.5 if with_weight else None
+    residual = torch.randn(shape).to(dtype) if with_residual else None
+    args = (x, weight, 1e-6, residual, 0.5)
+    (data, sf), out_bf16, rstd, norm_input = _norm_forward_ascend.norm_forward_and_per_token_cast(
+        *args, round_sf, packed, True, True
+    )
+    fused = emu.launches[-1]
+    y, want_rstd, want_input = _norm_forward_ascend.norm_forward(*args, True)
+    want = _per_token_cast_ascend.per_token_cast(y.view(-1, shape[-1]), 32, round_sf, packed, False, None, None)
+    assert torch.equal(data.view(-1, shape[-1]).view(torch.uint8), want[0].view(torch.uint8))
+    assert torch.equal(sf.view(-1, sf.shape[-1]), want[1]) and sf.shape[:-1] == shape[:-1]
+    assert torch.equal(out_bf16, y.to(torch.bfloat16)) and torch.equal(rstd, want_rstd)
+    assert torch.equal(norm_input, want_input)
+    ro = norm_input if with_residual else None
+    written = (("data", data), ("sf", sf), ("y", out_bf16), ("rstd", rstd), ("ro", ro))
+    read = (("x", x), ("w", weight), ("r", residual))
+    assert_in_bounds(fused, tensors_of(*((n, t, True) for n, t in written), *((n, t, False) for n, t in read)))
+    cpu = tilebake.quant.norm_forward_and_per_token_cast(
+        x, weight, 1e-6, "e4m3", 32, residual, 0.5, round_sf=round_sf, with_out_bf16=True, with_rstd=True
+    )
+    torch.testing.assert_close(rstd, cpu[2], rtol=1e-5, atol=0)
+    if not packed:  # dequantised: the CPU path's output within an e4m3 step (2^-4 relative, or the
+        # subnormal step 2^-9 of the group's SF near 0) plus the norm's rounding
+        flat_sf = sf.view(-1, sf.shape[-1])
+        back = tilebake.quant.cast_back((data.view(-1, shape[-1]), flat_sf), "fp32", (1, 32)).view(shape)
+        bound = 0.07 * cpu[1].float().abs() + flat_sf.repeat_interleave(32, -1).view(shape) * 2**-9
+        assert ((back - cpu[1].float()).abs() <= bound).all()
+    # without rstd or the bf16 copy: those outputs' pointers are x's and x is never written
+    before = x.clone()
+    (data2, sf2), none_bf16, none_rstd, _ = _norm_forward_ascend.norm_forward_and_per_token_cast(
+        *args, round_sf, packed, False, False
+    )
+    assert none_bf16 is None and none_rstd is None and torch.equal(x, before)
+    assert torch.equal(data2.view(torch.uint8), data.view(torch.uint8)) and torch.equal(sf2, sf)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("interleaved, conjugate", [(False, False), (True, False), (False, True)])
 def test_apply_rotary(emu, dtype, interleaved, conjugate):
     tokens, q_heads, k_heads, rot = 37, 8, 2, 64

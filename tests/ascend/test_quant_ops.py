@@ -264,30 +264,31 @@ def test_norm_forward_takes_the_ascend_kernels(setup):
     assert launch_args(launches[1]) == struct.pack("<3Qfiifi4x", *second["ptrs"], 1e-5, 128, 5, 1.0, 0).hex()
 
 
-def test_norm_forward_and_per_token_cast_runs_the_two_ascend_kernels(setup):
-    """norm_forward_and_per_token_cast on NPU tensors: norm_forward's kernel, then per_token_cast's
-    on its output (the op's bytes by definition): the SF per batch matrix, int16-packed UE8M0."""
+def test_norm_forward_and_per_token_cast_runs_one_ascend_kernel(setup):
+    """norm_forward_and_per_token_cast on NPU tensors: the fused kernel, the SF per batch matrix,
+    int16-packed UE8M0; without weight or rstd their pointers are x's. Arguments D RSTD S W X YB
+    amax_clamp eps has_weight hidden num_rows out_scale with_out_bf16 with_rstd."""
     body = """
     x = torch.randn(2, 3, 128).to(torch.bfloat16).as_subclass(FakeNPU)
     (data, sf), y, rstd, norm_input = tilebake.quant.norm_forward_and_per_token_cast(
         x, None, 1e-6, "e4m3", 32, round_sf=True, use_packed_ue8m0=True, with_out_bf16=True)
-    print(json.dumps({"ptrs": [x.data_ptr(), y.data_ptr(), data.data_ptr(), sf.data_ptr()], "rstd": rstd,
+    print(json.dumps({"ptrs": [data.data_ptr(), x.data_ptr(), sf.data_ptr(), x.data_ptr(), x.data_ptr(),
+                               y.data_ptr()], "rstd": rstd, "same": norm_input.data_ptr() == x.data_ptr(),
                       "shapes": [[list(t.shape), str(t.dtype)] for t in (data, sf, y)]}))
     """
     result, calls = run(setup, body, npu=True)
     assert result.returncode == 0, result.stderr
     o = json.loads(result.stdout)
-    assert o["rstd"] is None
+    assert o["rstd"] is None and o["same"]
     assert o["shapes"] == [
         [[2, 3, 128], "torch.float8_e4m3fn"],
         [[2, 3, 2], "torch.int16"],
         [[2, 3, 128], "torch.bfloat16"],
     ]
-    x, y, data, sf = o["ptrs"]
     launches = [c for c in calls if c.startswith("launch")]
-    assert [c.split()[1] for c in launches] == ["norm_forward_kernel_kernel", "per_token_cast_kernel_kernel"]
-    assert launch_args(launches[0]) == struct.pack("<3Qfiifi4x", x, x, y, 1e-6, 128, 6, 1.0, 0).hex()
-    assert launch_args(launches[1]) == struct.pack("<3Qfiiii4x", sf, y, data, 1e-4, 128, 6, 4, 128).hex()
+    assert [c.split()[1] for c in launches] == ["norm_forward_and_per_token_cast_kernel_kernel"]
+    expect = struct.pack("<6Qffiiifii", *o["ptrs"], 1e-4, 1e-6, 0, 128, 6, 1.0, 1, 0)
+    assert launch_args(launches[0]) == expect.hex()
 
 
 def test_norm_backward_takes_the_ascend_kernels(setup):

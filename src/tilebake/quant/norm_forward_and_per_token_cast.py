@@ -19,7 +19,7 @@ from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
-from tilebake._variants import Variant
+from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
 from tilebake.quant import _norm_plans
 from tilebake.quant._common import (
     FLOAT_FORMATS,
@@ -67,6 +67,32 @@ class NormForwardCastVariant(Variant):
 
     def params(self):
         return forward_params(self.has_weight, self.has_residual, quant=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormForwardCastAscendVariant(Variant):
+    """The Ascend 950 kernels (kernels_tl/ascend/quant/norm_forward_and_per_token_cast.py): the
+    norm and the (1, 32) e4m3 cast in one pass, contiguous rows of at most 8192 columns, a
+    multiple of 128; eps, out_scale, has_weight, with_rstd and with_out_bf16 run-time arguments."""
+
+    family = "quant"
+    op = "norm_forward_and_per_token_cast"
+    backend = "ascend"
+
+    in_dtype: str  # 'bf16' | 'fp32'
+    has_residual: bool
+    sf_mode: str  # 'fp32' | 'round' (power-of-two fp32) | 'ue8m0' (bytes, two to an int16)
+    num_vec_cores: int
+
+    @classmethod
+    def all(cls):
+        keys = itertools.product(("bf16", "fp32"), (False, True), ("fp32", "round", "ue8m0"), ASCEND_VEC_CORES)
+        return tuple(cls(*k) for k in keys)
+
+    def params(self):
+        buffers = ("X", "D", "S", "YB", "RSTD", "W", *(("R", "RO") if self.has_residual else ()))
+        flags = i32("num_rows", "hidden", "has_weight", "with_rstd", "with_out_bf16")
+        return ptr(*buffers) + f32("eps", "out_scale", "amax_clamp") + flags
 
 
 _CAST_KERNELS = KernelTable(NormForwardCastVariant)
