@@ -158,7 +158,7 @@ def run(out: Path, old_dir: str = ""):
     sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
     import harness
 
-    from tests.moe.test_moe_topk_gate_forward import ALL, make_options, unscored_rows
+    from tests.moe.gate_forward_helpers import ALL, make_options, unscored_rows
     from tilebake._runtime import loader
 
     launcher = loader._native()

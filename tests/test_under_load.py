@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import tilebake
+from tests.moe.gate_forward_helpers import assert_gate_equal, call_both, make_options, separated_logits
 from tests.moe.test_moe_topk_gate_backward import RSF, assert_close_to_ref, forward_inputs
-from tests.moe.test_moe_topk_gate_forward import assert_gate_equal, call_both, make_options, separated_logits
 from tests.transform.test_apply_rotary import assert_same, make_cache, wide_binades
 from tilebake.torch import moe_topk_gate_backward_ref, rotary_embedding_ref
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from tests.ascend.test_emulated import emulator  # noqa: F401 (the session's emulator fixture)
-from tests.moe.test_moe_topk_gate_backward import RSF, assert_close_to_ref, forward_inputs
-from tests.moe.test_moe_topk_gate_forward import (
+from tests.moe.gate_forward_helpers import (
     ALL,
     FUNCS,
     assert_gate_equal,
@@ -23,6 +22,7 @@ from tests.moe.test_moe_topk_gate_forward import (
     separated_logits,
     unscored_rows,
 )
+from tests.moe.test_moe_topk_gate_backward import RSF, assert_close_to_ref, forward_inputs
 from tilebake.moe import _moe_topk_gate_ascend
 from tilebake.moe._router import check_gate_args
 from tilebake.moe.moe_topk_gate_backward import check_arguments

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.helpers import EMULATED, poison_
-from tests.moe.test_moe_topk_gate_forward import (
+from tests.moe.gate_forward_helpers import (
     ALL,
     FUNCS,
     assert_gate_equal,

@@ -8,7 +8,7 @@ import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal, poison_allocator_
-from tests.quant.test_per_token_cast import make_input
+from tests.quant.per_token_cast_helpers import make_input
 
 # (out fmt, num_per_channels, round_sf, packed UE8M0, column-major SF)
 LAYOUTS = [

@@ -8,7 +8,7 @@ import torch
 
 import tilebake
 from tests.helpers import assert_bytes_equal
-from tests.quant.test_per_token_cast import make_input
+from tests.quant.per_token_cast_helpers import make_input
 
 # (dtype, fmt, npc, round_sf, use_e4m3_sf)
 CASES = [
