@@ -16,6 +16,9 @@ EMULATED = pytest.mark.skipif(
     reason="opt-in: TILEBAKE_EMULATE=1 with g++ and tilelang",
 )
 
+# Tests of two GPUs of one host (issue 19); with the `gpu` marker, they skip without CUDA as well.
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (issue 19's two-GPU host)")
+
 
 def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     """Same dtype, shape and every byte of every element (NaN payloads included)."""

@@ -81,3 +81,41 @@ def test_driver_release_is_read_from_both_kernel_module_flavours():
     assert driver_release(proprietary) == "580.65.06"
     assert driver_release(open_module) == "580.159.04"
     assert driver_release("") is None
+
+
+def test_doctor_lists_and_smoke_runs_every_gpu(monkeypatch, capsys):
+    """Two GPUs (issue 19), simulated: each is listed and smoke-run, and a failure on cuda:0 does not
+    keep cuda:1 from its own run."""
+    from pathlib import Path
+
+    from tilebake import __main__ as cli
+    from tilebake._runtime import loader, plan
+
+    entry = {"op": "per_token_cast", "binary": "b.cubin", "sha256": "0"}
+    manifest = {
+        "tilebake_version": "0", "tilelang_version": "0", "git_commit": "0", "ops": ["per_token_cast"],
+        "nvcc_version": "Cuda compilation tools, release 13.0, V13.0.88", "backends": {"cuda": {"archs": ["sm_90a"]}},
+        "kernels": {"per_token_cast.v": {"sm_90a": entry}},
+    }  # fmt: skip
+    smoke_runs = []
+
+    def smoke_run(device):
+        smoke_runs.append(device)
+        return ["per_token_cast: 1 of 2 elements differ"] if device == 0 else []
+
+    monkeypatch.setattr(loader, "manifest", lambda: manifest)
+    monkeypatch.setattr(loader, "kernel_dir", lambda: Path("/kernels/tilebake_cuda/kernels"))
+    monkeypatch.setattr(loader, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(plan, "available", lambda: True)
+    monkeypatch.setattr(cli, "_driver", lambda: ("580.159.04 (CUDA 13.0)", 13))
+    monkeypatch.setattr(cli, "_verify_artifacts", lambda manifest: [])
+    monkeypatch.setattr(cli, "_smoke_run", smoke_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: f"GPU {device}")
+    assert cli.main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "cuda:0 GPU 0: sm_90a, all ops covered" in out and "cuda:1 GPU 1: sm_90a, all ops covered" in out, out
+    assert smoke_runs == [0, 1], out
+    assert "smoke run: FAILED ['per_token_cast: 1 of 2 elements differ']" in out
+    assert "smoke run: every op matches its reference" in out

@@ -2,16 +2,20 @@
 inputs through `_on`) is run once for each of its inputs with that one input on another device, and
 must raise a TypeError or ValueError that names a device, never compute or crash. On the CPU the
 other device is 'meta', which no backend runs (CI); on a GPU it is the CPU beside CUDA inputs,
-where a call whose only tensor was moved runs on the CPU and the case checks its results (cuda:0
-against cuda:1 needs the two-GPU host: issue 19)."""
+where a call whose only tensor was moved runs on the CPU and the case checks its results; on two
+GPUs (issue 19) it is the other GPU, both ways, and the error must name one of the two (a call whose
+only tensor was moved runs on the other GPU, cuda:0 current)."""
 
 import pytest
 import torch
 
+from tests.helpers import TWO_GPUS
 from tilebake import _smoke
 
 CASES = sorted(_smoke.SMOKE_CASES)
-PAIRS = [("cpu", "meta"), pytest.param("cuda", "cpu", marks=pytest.mark.gpu)]
+GPUS = [pytest.mark.gpu, TWO_GPUS]
+PAIRS = [("cpu", "meta"), pytest.param("cuda", "cpu", marks=pytest.mark.gpu),
+         pytest.param("cuda:0", "cuda:1", marks=GPUS), pytest.param("cuda:1", "cuda:0", marks=GPUS)]  # fmt: skip
 
 
 def _modules_with_on():
@@ -50,7 +54,10 @@ def test_an_input_on_another_device_is_rejected(monkeypatch, op, device, other):
             _run_moving(monkeypatch, case, device, other, moved)
         except (TypeError, ValueError) as error:
             message = str(error)
-            assert "device" in message or other in message or "CUDA" in message, f"{op}, input {moved}: {message}"
+            if other.startswith("cuda:"):  # the same device type: only the index tells them apart
+                assert device in message or other in message, f"{op}, input {moved}: {message}"
+            else:
+                assert "device" in message or other in message or "CUDA" in message, f"{op}, input {moved}: {message}"
         else:
             # No backend runs meta. The CPU beside CUDA: the moved input was the only tensor of
             # its call (a case's calls take their inputs in turn), which then ran on the CPU, its

@@ -148,6 +148,7 @@ def cmd_doctor(args) -> int:
     else:
         print("backend: cuda")
         uncovered = set(required) - set(ops)  # all of them when no kernels are installed
+        runnable = not problems  # (bad binaries, an old driver): no smoke run; one GPU's failure skips no other
         for device in range(torch.cuda.device_count()):
             arch = loader.device_arch(device)
             missing = sorted(op for op in ops if arch not in ops[op])
@@ -157,7 +158,7 @@ def cmd_doctor(args) -> int:
             else:
                 covered = "all ops covered" if not missing else f"no binary for {missing}"
             print(f"  cuda:{device} {torch.cuda.get_device_name(device)}: {arch}, {covered}")
-            if ops and not missing and not problems:
+            if ops and not missing and runnable:
                 failures = _smoke_run(device)
                 print("    smoke run: " + ("every op matches its reference" if not failures else f"FAILED {failures}"))
                 problems += [f"cuda:{device} smoke run {failure}" for failure in failures]
