@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from tilebake._checks import check_device
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import Variant, i32, ptr
@@ -49,8 +50,7 @@ def _check_data(x: torch.Tensor, name: str) -> int:
     """Row bytes of a (T, cols) matrix the kernel moves as 16-byte vectors."""
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D (num_tokens, hidden), got shape {tuple(x.shape)}")
-    if x.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"{name} must be on a CUDA device or the CPU, got {x.device}")
+    check_device(x, name)  # an NPU tensor takes the reference path
     row_bytes = x.shape[1] * x.element_size()
     if row_bytes % 16:
         raise ValueError(
