@@ -15,10 +15,10 @@ Built and lowered here, never run here: no NPU and no CANN toolkit on our machin
 
 import tilelang.ascend.language as T
 
+from kernels_tl.ascend.quant.norm_common import PARTS, row_rstd
 from kernels_tl.quant.common import TL_DTYPES
 from tilebake.quant.norm_forward import MAX_HIDDEN, NormForwardAscendVariant
 
-PARTS = 64  # threads of the row's passes (and partial sums)
 
 
 def build(v: NormForwardAscendVariant):
@@ -26,6 +26,7 @@ def build(v: NormForwardAscendVariant):
     h = T.dynamic("hidden")
     dtype = TL_DTYPES[v.in_dtype]
     CORES = v.num_vec_cores
+    rstd_of_row = row_rstd(dtype, v.has_residual, h)
 
     @T.prim_func
     def norm_forward_kernel(
@@ -53,23 +54,7 @@ def build(v: NormForwardAscendVariant):
                 T.copy(X[row, 0:MAX_HIDDEN], xs)
                 if v.has_residual:
                     T.copy(R[row, 0:MAX_HIDDEN], rs)
-                with T.SimtVF(threads=PARTS):
-                    t = T.get_thread_binding()
-                    s = T.alloc_var("float32")
-                    s = T.float32(0)
-                    for k in T.serial(T.ceildiv(h - t, PARTS)):
-                        c = t + k * PARTS
-                        if v.has_residual:  # norm_input, rounded to x's dtype
-                            xs[c] = T.cast(T.cast(xs[c], "float32") + T.cast(rs[c], "float32"), dtype)
-                        val = T.cast(xs[c], "float32")
-                        s = s + val * val
-                    part[t] = s
-                with T.SimtVF(threads=1):
-                    total = T.alloc_var("float32")
-                    total = T.float32(0)
-                    for k in T.serial(PARTS):
-                        total = total + part[k]
-                    rstd[0] = T.rsqrt(total / T.cast(h, "float32") + eps)
+                rstd_of_row(xs, rs, part, rstd, eps)
                 with T.SimtVF(threads=PARTS):
                     t = T.get_thread_binding()
                     for k in T.serial(T.ceildiv(h - t, PARTS)):
