@@ -4,6 +4,7 @@ and passed to kernels as arguments: changing one never needs another binary."""
 from __future__ import annotations
 
 import functools
+import os
 
 _DEFAULT_AMAX_CLAMP = {
     ("e4m3", False): 1e-4,
@@ -74,6 +75,47 @@ def _sms_of(device: int) -> int:
 
 def get_num_sms() -> int:
     return _num_sms if _num_sms is not None else get_device_num_sms()
+
+
+# The original's Ascend names for the same count, and its vector-core count (two an AI core).
+get_num_ai_cores = get_num_sms
+get_num_cube_cores = get_num_sms
+
+
+def get_num_vec_cores() -> int:
+    return 2 * get_num_sms()
+
+
+@functools.cache
+def is_ascend() -> bool:
+    """Whether this host has Ascend NPUs (their device manager node), as the original decides its
+    backend. tilebake follows each call's tensors instead; this answers callers that ask."""
+    return os.path.exists("/dev/davinci_manager")
+
+
+def get_device() -> str:
+    """'npu' on an Ascend host, else 'cuda' (the original's device string)."""
+    return "npu" if is_ascend() else "cuda"
+
+
+def get_max_smem_per_sm() -> int:
+    """Shared memory bytes an SM of the current CUDA device has."""
+    import torch
+
+    return _smem_of(torch.cuda.current_device())
+
+
+@functools.cache
+def _smem_of(device: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+
+
+def get_max_ub_per_vector_core(use_simt: bool = True) -> int:
+    """Unified-buffer bytes an Ascend 950 vector-core kernel may use: 216 KiB with SIMT vector
+    functions, 248 KiB without (../shared/notes/ascend_aot.md)."""
+    return (216 if use_simt else 248) * 1024
 
 
 def set_num_sms(n: int) -> None:

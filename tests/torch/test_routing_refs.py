@@ -110,3 +110,47 @@ def test_normalize_weight_formula():
     torch.testing.assert_close(normalized[torch.arange(41) != 3].sum(1), torch.ones(40), rtol=0, atol=2e-6)
     with pytest.raises(TypeError, match="topk_weights must be torch.float32, got torch.bfloat16"):
         normalize_weight(w.bfloat16())
+
+
+def owner_and_local(expert: int, n: int, num_ep_ranks: int, num_tp_ranks: int) -> tuple[int, int]:
+    """(tensor-parallel rank, its local number) of one expert, by walking the layout: GPUs in
+    order, per_gpu experts each, GPU g on TP rank g % num_tp_ranks, each rank numbering its GPUs'
+    experts in GPU order."""
+    per_gpu = n // num_ep_ranks
+    seen = [0] * num_tp_ranks
+    for gpu in range(num_ep_ranks + expert // per_gpu + 1):  # (an index past n: GPUs go on)
+        for place in range(per_gpu):
+            if gpu * per_gpu + place == expert:
+                return gpu % num_tp_ranks, seen[gpu % num_tp_ranks]
+            seen[gpu % num_tp_ranks] += 1
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("n, num_ep_ranks, num_tp_ranks", [(256, 8, 2), (72, 6, 3), (64, 4, 4), (8, 8, 1), (9, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_mask_indices_by_tp_keeps_a_ranks_experts_in_its_numbering(n, num_ep_ranks, num_tp_ranks, dtype):
+    from tilebake.torch import mask_indices_by_tp
+
+    indices = torch.randint(-3, n, (37, 9), dtype=dtype)
+    indices[0, :3] = torch.tensor([0, n - 1, -1])
+    for tp_rank in range(num_tp_ranks):
+        got = mask_indices_by_tp(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
+        assert got.dtype == dtype and got.shape == indices.shape
+        want = [
+            -1 if e < 0 or owner_and_local(e, n, num_ep_ranks, num_tp_ranks)[0] != tp_rank
+            else owner_and_local(e, n, num_ep_ranks, num_tp_ranks)[1]
+            for e in indices.flatten().tolist()
+        ]  # fmt: skip
+        assert got.flatten().tolist() == want
+
+
+def test_mask_indices_by_tp_rejects_bad_arguments():
+    from tilebake.torch import mask_indices_by_tp
+
+    idx = torch.zeros(2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="tp_rank"):
+        mask_indices_by_tp(idx, 8, 2, 2, 2)
+    with pytest.raises(ValueError, match="multiple of num_ep_ranks"):
+        mask_indices_by_tp(idx, 9, 2, 0, 1)
+    with pytest.raises(TypeError, match="integer tensor"):
+        mask_indices_by_tp(idx.float(), 8, 2, 0, 1)

@@ -28,7 +28,7 @@ from .mhc import (
     mhc_pre_split_mixes_ref,
     sinkhorn_normalize_ref,
 )
-from .moe import moe_topk_gate_backward_ref, normalize_weight
+from .moe import mask_indices_by_tp, moe_topk_gate_backward_ref, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .rope import rotary_embedding_ref
 from .stochastic import stochastic_cast
@@ -36,7 +36,8 @@ from .swiglu import get_mapping_from_psum, swiglu_backward, swiglu_forward
 from .topk import grouped_topk, stable_topk
 from .weight_sf import batched_transpose_weight_sf
 
-# The original's name for the router-backward reference (its torch/topk.py).
+# The original's names for the router references (its torch/topk.py).
+moe_topk_gate_forward = moe_topk_gate_forward_ref
 moe_topk_gate_backward = moe_topk_gate_backward_ref
 
 __all__ = [
@@ -65,8 +66,10 @@ __all__ = [
     "sinkhorn_normalize_ref",
     "get_mapping_from_psum",
     "grouped_topk",
+    "mask_indices_by_tp",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_ref",
+    "moe_topk_gate_forward",
     "moe_topk_gate_forward_ref",
     "norm_backward_ref",
     "norm_forward_ref",

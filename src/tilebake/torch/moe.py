@@ -7,11 +7,36 @@ from typing import Optional
 
 import torch
 
-__all__ = ["moe_topk_gate_backward_ref", "normalize_weight"]
+__all__ = ["mask_indices_by_tp", "moe_topk_gate_backward_ref", "normalize_weight"]
 
 # The denominator starts here, so a row of zero weights divides by 1e-20, not by 0 (as the
 # original, whose comment reads "Align with moe_topk_gate_forward").
 DENOMINATOR_START = 1e-20
+
+
+def mask_indices_by_tp(
+    indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int
+) -> torch.Tensor:
+    """Expert indices as tensor-parallel rank tp_rank numbers its own experts, -1 for the others.
+
+    The n experts are spread over num_ep_ranks GPUs, n // num_ep_ranks each, and GPU g belongs to
+    tensor-parallel rank g % num_tp_ranks of data-parallel group g // num_tp_ranks. An index on a
+    GPU of tp_rank becomes (its group) * per_gpu + (its place on the GPU): tp_rank's experts
+    numbered group after group; an index of another rank and a negative one become -1. Same shape
+    and dtype as indices (any integer dtype, any shape)."""
+    for value, name in ((n, "n"), (num_ep_ranks, "num_ep_ranks"), (num_tp_ranks, "num_tp_ranks")):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if n % num_ep_ranks:
+        raise ValueError(f"n ({n}) must be a multiple of num_ep_ranks ({num_ep_ranks})")
+    if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < num_tp_ranks:
+        raise ValueError(f"tp_rank must be an int in [0, {num_tp_ranks}), got {tp_rank!r}")
+    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex():
+        raise TypeError(f"indices must be an integer tensor, got {getattr(indices, 'dtype', type(indices).__name__)}")
+    per_gpu = n // num_ep_ranks
+    gpu = torch.div(indices, per_gpu, rounding_mode="floor")
+    local = gpu // num_tp_ranks * per_gpu + indices % per_gpu
+    return torch.where((indices >= 0) & (gpu % num_tp_ranks == tp_rank), local, -1).to(indices.dtype)
 
 
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
