@@ -32,6 +32,24 @@ class Launch:
     accesses: list  # (kind 'r' / 'w', address, bytes) of every GM copy
 
 
+def _compile(args: list[str], what: str) -> None:
+    cmd = ["g++", "-std=c++20", "-O1", "-fPIC", "-pthread", f"-I{EMU}", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{what}: g++ failed\n{result.stderr[-4000:]}"
+
+
+@functools.cache
+def _runtime_object(build: Path) -> Path:
+    """emu/asc_emu.cpp compiled once a session and linked into every kernel (about half of each
+    kernel's compile time otherwise); named by the digest of the emulator's sources."""
+    sources = sorted(p for p in EMU.rglob("*") if p.is_file())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    obj = build / f"asc_emu.{digest}.o"
+    if not obj.exists():
+        _compile(["-c", str(EMU / "asc_emu.cpp"), "-o", str(obj)], "asc_emu.cpp")
+    return obj
+
+
 class EmulatedKernel:
     """One lowered variant compiled for the host; called as AscendKernel (index, *declared args)."""
 
@@ -43,15 +61,13 @@ class EmulatedKernel:
         source, found = re.subn(r"\(__ubuf__ (\w+) \*\)0;", r"(__ubuf__ \1 *)asc_emu_ub;", source)
         assert found == (1 if self.meta["ub_bytes"] else 0), f"{variant.id}: {found} UB bases"
         source += f"\nASC_EMU_ENTRY({self.meta['entry']})\n"
-        digest = hashlib.sha256((source + (EMU / "asc_emu.h").read_text()).encode()).hexdigest()[:16]
+        runtime = _runtime_object(build)
+        digest = hashlib.sha256((source + runtime.name).encode()).hexdigest()[:16]
         so = build / f"{variant.id}.{digest}.so"
         if not so.exists():
             cpp = so.with_suffix(".cpp")
             cpp.write_text(source)
-            cmd = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{EMU}", str(cpp),
-                   str(EMU / "asc_emu.cpp"), "-o", str(so)]  # fmt: skip
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            assert result.returncode == 0, f"{variant.id}: g++ failed\n{result.stderr[-4000:]}"
+            _compile(["-shared", str(cpp), str(runtime), "-o", str(so)], variant.id)
         self.lib = ctypes.CDLL(str(so))
         self.lib.asc_emu_launch.argtypes = [ctypes.c_int32, ctypes.POINTER(ctypes.c_uint64)]
         self.lib.asc_emu_error.restype = ctypes.c_char_p
