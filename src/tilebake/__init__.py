@@ -33,8 +33,9 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # tilebake.torch (the references) loads on first use: GPU code never needs it, and
-    # it is a good part of the import time that counts towards a cold start.
-    if name in ("torch", "modeling"):  # (modeling imports torch's references too)
+    # it is a good part of the import time that counts towards a cold start. So do
+    # modeling (it imports torch's references too) and testing (only test suites use it).
+    if name in ("torch", "modeling", "testing"):
         return importlib.import_module(f"tilebake.{name}")
     raise AttributeError(f"module 'tilebake' has no attribute {name!r}")
 
@@ -47,6 +48,7 @@ __all__ = [
     "moe",
     "quant",
     "rand",
+    "testing",
     "torch",
     "transform",
     "utils",
