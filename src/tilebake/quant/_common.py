@@ -231,6 +231,12 @@ def check_packed_rows(x: torch.Tensor, name: str) -> tuple[int, int]:
 ASCEND_SF_KINDS = {torch.float32: ("fp32", 1), torch.int16: ("ue8m0", 2)}
 
 
+def ascend_sf_mode(round_sf: bool, use_packed_ue8m0: bool) -> str:
+    """The Ascend cast variants' sf_mode: 'ue8m0' (bytes two to an int16), 'round' (power-of-two
+    fp32) or 'fp32'."""
+    return "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+
+
 def alloc_ascend_sf(like: torch.Tensor, rows: int, groups: int, packed: bool) -> torch.Tensor:
     """An Ascend kernel's row-major SF of `groups` per row (an even count when packed): UE8M0
     bytes two to an int16 (rows, groups / 2), or fp32 (rows, groups)."""

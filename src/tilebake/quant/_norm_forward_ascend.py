@@ -14,7 +14,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
-from tilebake.quant._common import alloc_ascend_sf
+from tilebake.quant._common import alloc_ascend_sf, ascend_sf_mode
 from tilebake.quant.norm_forward import MAX_HIDDEN, NormForwardAscendVariant
 from tilebake.quant.norm_forward_and_per_token_cast import NormForwardCastAscendVariant
 
@@ -23,12 +23,18 @@ _CAST_KERNELS = ascend.AscendKernelTable(NormForwardCastAscendVariant)
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def norm_forward(x, weight, eps, residual, out_scale, with_rstd):
-    """(out, rstd or None, norm_input) of the checked NPU tensor x, or None."""
+def _kernels_apply(x, weight, residual) -> bool:
+    """The rows the Ascend norm kernels read: contiguous, hidden a multiple of 128 up to MAX_HIDDEN."""
     hidden = x.shape[-1]
     tensors = [t for t in (x, weight, residual) if t is not None]
-    if hidden % 128 or hidden > MAX_HIDDEN or not all(t.is_contiguous() for t in tensors):
+    return not hidden % 128 and hidden <= MAX_HIDDEN and all(t.is_contiguous() for t in tensors)
+
+
+def norm_forward(x, weight, eps, residual, out_scale, with_rstd):
+    """(out, rstd or None, norm_input) of the checked NPU tensor x, or None."""
+    if not _kernels_apply(x, weight, residual):
         return None
+    hidden = x.shape[-1]
     out = torch.empty_like(x)
     norm_input = torch.empty_like(x) if residual is not None else x
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
@@ -46,10 +52,9 @@ def norm_forward_and_per_token_cast(x, weight, eps, residual, out_scale, round_s
     """((data, sf), out_bf16 or None, rstd or None, norm_input) of the checked NPU tensor x by the
     fused kernel, the SF per (batch) matrix row-major: fp32, power-of-two fp32 or UE8M0 bytes two
     to an int16; or None where it does not apply."""
-    hidden = x.shape[-1]
-    tensors = [t for t in (x, weight, residual) if t is not None]
-    if hidden % 128 or hidden > MAX_HIDDEN or not all(t.is_contiguous() for t in tensors):
+    if not _kernels_apply(x, weight, residual):
         return None
+    hidden = x.shape[-1]
     rows, groups = x.numel() // hidden, hidden // 32
     data = torch.empty_like(x, dtype=torch.float8_e4m3fn)
     sf = alloc_ascend_sf(x, rows, groups, packed)
@@ -57,7 +62,7 @@ def norm_forward_and_per_token_cast(x, weight, eps, residual, out_scale, round_s
     norm_input = torch.empty_like(x) if residual is not None else x
     rstd = x.new_empty(x.shape[:-1], dtype=torch.float32) if with_rstd else None
     if rows:
-        mode = "ue8m0" if packed else "round" if round_sf else "fp32"
+        mode = ascend_sf_mode(round_sf, packed)
         index, kernel = _CAST_KERNELS.on(x, _IN_DTYPES[x.dtype], residual is not None, mode)
         absent = x.data_ptr()  # the address of an output or input the flags leave alone
         pointers = [t.data_ptr() if t is not None else absent for t in (x, data, sf, out_bf16, rstd, weight)]

@@ -12,7 +12,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
-from tilebake.quant._common import alloc_ascend_sf
+from tilebake.quant._common import alloc_ascend_sf, ascend_sf_mode
 from tilebake.quant.per_block_cast import ASCEND_BLOCK, PerBlockCastAscendVariant
 from tilebake.utils import ceil_div
 
@@ -45,7 +45,7 @@ def per_block_cast(x, fmt, block, col_major_sf, round_sf, use_packed_ue8m0, stor
     row_blocks, blocks = ceil_div(num_tokens, ASCEND_BLOCK), hidden // ASCEND_BLOCK
     data = _data(x, fmt) if store_data else None
     sf = alloc_ascend_sf(x, row_blocks, blocks, use_packed_ue8m0)
-    mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+    mode = ascend_sf_mode(round_sf, use_packed_ue8m0)
     if num_tokens:
         index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], fmt, mode, store_data)
         pointers = (x.data_ptr(), data.data_ptr(), sf.data_ptr()) if store_data else (x.data_ptr(), sf.data_ptr())

@@ -11,7 +11,7 @@ import torch
 
 from tilebake import config
 from tilebake._runtime import ascend
-from tilebake.quant._common import alloc_ascend_sf
+from tilebake.quant._common import alloc_ascend_sf, ascend_sf_mode
 from tilebake.quant.per_token_cast import ASCEND_NUM_PER_CHANNELS, PerTokenCastAscendVariant
 
 _KERNELS = ascend.AscendKernelTable(PerTokenCastAscendVariant)
@@ -35,7 +35,7 @@ def per_token_cast(x, num_per_channels, round_sf, use_packed_ue8m0, col_major_sf
     groups = hidden // num_per_channels
     data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn) if store_data else None
     sf = alloc_ascend_sf(x, num_tokens, groups, use_packed_ue8m0)
-    mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+    mode = ascend_sf_mode(round_sf, use_packed_ue8m0)
     if num_tokens:
         index, kernel = _KERNELS.on(x, _IN_DTYPES[x.dtype], mode, store_data)
         pointers = (x.data_ptr(), data.data_ptr(), sf.data_ptr()) if store_data else (x.data_ptr(), sf.data_ptr())

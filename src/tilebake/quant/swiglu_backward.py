@@ -26,6 +26,7 @@ from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
+    ascend_sf_mode,
     check_aligned,
     check_fmt,
     check_rows,
@@ -346,7 +347,7 @@ def swiglu_backward_and_per_token_cast(
     if data.device.type == "npu" and num_per_channels == 32 and not use_tma_aligned_col_major_sf:
         from tilebake.quant import _swiglu_backward_ascend as npu  # the Ascend kernels (their SF layouts)
 
-        mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+        mode = ascend_sf_mode(round_sf, use_packed_ue8m0)
         dx, quantized, wg, act = npu.swiglu_backward(
             data, x_sf, act_x_grad, "bf16", psum, topk_weights, scale, clamp, do_recompute, mode
         )

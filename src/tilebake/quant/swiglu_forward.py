@@ -27,6 +27,7 @@ from tilebake.quant._common import (
     FLOAT_FORMATS,
     QuantTensor,
     alloc_sf,
+    ascend_sf_mode,
     check_aligned,
     check_fmt,
     check_rows,
@@ -366,7 +367,7 @@ def swiglu_forward_and_per_token_cast(
     if x.device.type == "npu" and clamped_count is None and num_per_channels == 32 and not use_tma_aligned_col_major_sf:
         from tilebake.quant import _swiglu_forward_ascend  # the Ascend kernels (their (1, 32) SF layouts)
 
-        sf_mode = "ue8m0" if use_packed_ue8m0 else "round" if round_sf else "fp32"
+        sf_mode = ascend_sf_mode(round_sf, use_packed_ue8m0)
         return _swiglu_forward_ascend.swiglu_forward(x, "e4m3", topk_weights, scale, clamp, sf_mode)
     if not x.is_cuda:
         from tilebake.torch import cast

@@ -10,8 +10,9 @@ import torch
 __all__ = ["assert_equal", "calc_diff", "check_bias", "count_bytes"]
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """t's elements as one uint8 row, in logical order."""
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as one uint8 row, in logical order (a view of t's storage when t is
+    contiguous, so writes through it reach t)."""
     flat = t.contiguous().reshape(-1)
     # A tensor of at most one element may be "contiguous" with any stride, and view(uint8)
     # refuses a last stride other than 1: restate the (dense) layout explicitly.
@@ -38,7 +39,7 @@ def assert_equal(
         f"strides differ: {x.stride()} vs {y.stride()}"
     )
     assert x.device == y.device, f"devices differ: {x.device} vs {y.device}"
-    xb, yb = _flat_bytes(x), _flat_bytes(y)
+    xb, yb = flat_bytes(x), flat_bytes(y)
     if torch.equal(xb, yb):
         return
     if xb.numel() != yb.numel() or x.element_size() != y.element_size():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tilebake.testing.numeric import flat_bytes
 from tilebake.utils import align, ceil_div
 
 __all__ = ["clear_unused_sf", "clear_unused_sf_col_pack", "quant_level_rank"]
@@ -43,13 +44,6 @@ def _pack_factor(sf: torch.Tensor) -> int:
     return 2 if sf.dtype == torch.int16 else 4
 
 
-def _dense_bytes(sf: torch.Tensor) -> torch.Tensor:
-    """sf's storage as a flat uint8 view (in place when sf is contiguous)."""
-    flat = sf.contiguous().reshape(-1)
-    # A tensor of one element may carry any stride; view(uint8) needs a last stride of 1.
-    return flat.as_strided((flat.numel(),), (1,)).view(torch.uint8)
-
-
 def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> torch.Tensor:
     """Zero the padding lanes of packed UE8M0 scales laid out along the channels.
 
@@ -58,7 +52,7 @@ def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> tor
     Returns the bytes as uint8 (rows, aligned block count) with those lanes zeroed. When sf is
     contiguous the zeroing happens in sf itself, as a view."""
     num_blocks = ceil_div(hidden, num_per_channels)
-    sf_bytes = _dense_bytes(sf).view(-1, align(num_blocks, _pack_factor(sf)))
+    sf_bytes = flat_bytes(sf).view(-1, align(num_blocks, _pack_factor(sf)))
     sf_bytes[:, num_blocks:] = 0
     return sf_bytes
 
@@ -74,7 +68,7 @@ def clear_unused_sf_col_pack(sf: torch.Tensor, num_tokens: int, num_per_tokens: 
     rows = align(num_blocks, pack) // pack
     if sf.numel() == 0:
         return sf.view(torch.uint8)
-    sf_bytes = _dense_bytes(sf)
+    sf_bytes = flat_bytes(sf)
     lanes = sf_bytes.view(rows, -1, pack)
     block = torch.arange(rows, device=sf.device).view(-1, 1, 1) * pack + torch.arange(pack, device=sf.device)
     lanes.masked_fill_(block >= num_blocks, 0)
