@@ -67,7 +67,8 @@ def test_backward(device, lead, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_sms", [1, 3])
 def test_backward_any_partial_count(num_sms):
-    """Fewer CTAs than tokens (set_num_sms): still the full sums."""
+    """Fewer CTAs than tokens (set_num_sms): still the full sums. (The default, a row an SM, is
+    more rows than the last CTA's 128-row step on an H100 / H200.)"""
     lead, m = (517,), 4
     args = inputs(lead, m, "cuda")
     grads = [torch.randn(*lead, k, device="cuda") for k in (m, m, m * m)]
@@ -76,6 +77,28 @@ def test_backward_any_partial_count(num_sms):
     got = tilebake.mhc.mhc_pre_split_mixes_bwd(*grads, args[0], post, args[1], args[2])
     for name, g, w in zip(("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"), got, autograd(args, grads, m, 1.0)):
         torch.testing.assert_close(g.cpu().double(), w, **TOL, msg=name)
+
+
+@pytest.mark.gpu
+def test_backward_on_two_streams_at_once():
+    """Calls in flight on two streams at once: each launch has its own arrival counter (zeroed
+    on its stream), so each gives the bits of a lone call."""
+    lead, m = (8001,), 4
+    args = inputs(lead, m, "cuda")
+    grads = [torch.randn(*lead, k, device="cuda") for k in (m, m, m * m)]
+    post = torch.empty(*lead, m, device="cuda")
+    want = tilebake.mhc.mhc_pre_split_mixes_bwd(*grads, args[0], post, args[1], args[2])
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    got = []
+    torch.cuda.synchronize()
+    for _ in range(20):
+        for stream in streams:
+            with torch.cuda.stream(stream):
+                got.append(tilebake.mhc.mhc_pre_split_mixes_bwd(*grads, args[0], post, args[1], args[2]))
+    torch.cuda.synchronize()
+    for outs in got:
+        for name, g, w in zip(("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"), outs, want):
+            assert_bytes_equal(g, w, name)
 
 
 BAD = [
