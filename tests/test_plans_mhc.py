@@ -151,7 +151,7 @@ head = importlib.import_module("tilebake.mhc.mhc_head_compute_mix")
 def test_split_mixes_plans():
     from tilebake.mhc import _plans_mix
 
-    fwd, bwd = (built(split.MhcPreSplitMixesVariant(d)) for d in ("fwd", "bwd"))
+    fwd, bwd, red = (built(split.MhcPreSplitMixesVariant(d)) for d in ("fwd", "bwd", "bwd_reduce"))
     x, s, b = torch.randn(*LEAD, 24), torch.rand(3), torch.randn(24)
     outs, launches = trace(_plans_mix.split_fwd(fwd, 0, 2, M, (None, None, None), 2.0, 1e-6), x, s, b, None, None, None)
     assert [(o.shape, o.dtype) for o in outs] == [((*LEAD, M, 1), torch.float32)] * 2 + [((*LEAD, M, M), torch.float32)]
@@ -159,13 +159,12 @@ def test_split_mixes_plans():
     assert (got["num_tokens"], got["mhc_mult"], got["mix_cols"], got["COMB"]) == (6, M, 24, outs[2].data_ptr())
     pg, qg, cg, post = torch.randn(*LEAD, M), torch.randn(*LEAD, M), torch.randn(*LEAD, M * M), torch.randn(*LEAD, M)
     nds = (3, 3, 3, 3, None, None, None)
-    grads, launches = trace(_plans_mix.split_bwd(bwd, 0, 2, M, nds, 1.0, 132), pg, qg, cg, x, post, s, b, None, None, None)
+    grads, launches = trace(_plans_mix.split_bwd(bwd, red, 0, 2, M, nds, 1.0, 132), pg, qg, cg, x, post, s, b, None, None, None)
     assert [g.shape for g in grads] == [x.shape, s.shape, b.shape]
-    assert [launch[0] for launch in launches] == [0]  # one launch (the counter's memset is not traced)
-    got = params_of(bwd, launches[0])
-    # min(T, SMs) partial rows of 28 columns after the counter's row
-    assert (got["num_partials"], got["num_cols"], got["PART"]) == (6, 28, got["COUNT"] + 4 * 28)
-    assert (got["SG"], got["BG"]) == (grads[1].data_ptr(), grads[2].data_ptr())
+    assert [launch[0] for launch in launches] == [0, 1]
+    first, second = params_of(bwd, launches[0]), params_of(red, launches[1])
+    assert (first["num_partials"], first["num_cols"], first["PART"]) == (6, 28, second["PART"])  # min(T, SMs) rows
+    assert (second["SG"], second["BG"]) == (grads[1].data_ptr(), grads[2].data_ptr())
     assert trace(_plans_mix.split_fwd(fwd, 0, 2, M, (None, None, None), 2.0, 1e-6), x[..., :15].contiguous(), s, b,
                  None, None, None)[0] is NotImplemented  # fmt: skip
 

@@ -10,10 +10,10 @@ columns (lane l takes tokens l, l + lanes, ...: each step reads a contiguous run
 UNROLL steps' loads issued before their use; writing input_mixes_grad and summing gy and gy * mix
 per column. Column c's lane sums are added by 16 threads (thread i adds lanes i, i + 16, ... in
 order, then an xor butterfly over the 16), and a partial row written: [the 3 scale sums (columns
-of a segment added in order), the m3 base sums, zeros to num_cols]. The last CTA to finish (a
-counter the caller zeroes, one acq_rel atomic a CTA) sums the rows in a fixed order (warp w rows w,
-w + 16, ... in row order, 4 columns a lane, then the 16 warps' sums in warp order) into
-scale_grad and base_grad: one launch, and two runs give the same bits.
+of a segment added in order), the m3 base sums, zeros to num_cols]. bwd_reduce: one CTA of
+RED_WARPS warps sums the rows in a fixed order (warp w rows w, w + RED_WARPS, ... in row order,
+then the warps' sums in warp order) into scale_grad and base_grad. Every order is fixed: two runs
+give the same bits.
 """
 
 import tilelang.language as T
@@ -24,15 +24,14 @@ THREADS = 256  # forward
 BWD_THREADS = 512
 GROUPS = BWD_THREADS // 16  # backward: 16-thread groups adding a column's lane sums
 UNROLL = 4  # backward steps a lane loads before using them
-RED_WARPS = BWD_THREADS // 32  # the last CTA's row groups; a lane 4 columns (m <= 8: 84 columns)
+RED_WARPS = 32  # bwd_reduce: 1024 threads, 4 columns a lane (128 columns a CTA)
 RED_UNROLL = 8  # rows a warp loads before adding them
-RED_COLS = 96  # the warps' sums in the (3, BWD_THREADS) shared buffer: RED_WARPS rows of 96 >= 84
 # every access is guarded below; barriers by hand (the backward's column loop is per group)
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
 
 def build(v: MhcPreSplitMixesVariant):
-    return {"fwd": _forward, "bwd": _backward}[v.direction]()
+    return {"fwd": _forward, "bwd": _backward, "bwd_reduce": _reduce}[v.direction]()
 
 
 def sigmoid(y):
@@ -95,45 +94,6 @@ def _backward():
     parts = T.dynamic("num_partials")
     cols = T.dynamic("num_cols")
 
-    @T.macro
-    def sum_rows(PART, SG, BG, red, tx):
-        """The last CTA: the partial rows' fixed-order sum into scale_grad and base_grad (parts,
-        cols and m3 closed over: a T.dynamic passed to a macro renames the kernel's parameter)."""
-        acc = T.alloc_local((4,), "float32")
-        rows = T.alloc_local((RED_UNROLL, 4), "float32")
-        flat = T.view(red, shape=(3 * BWD_THREADS,))  # RED_WARPS rows of RED_COLS: the warps' sums
-        w = tx // 32
-        col = (tx % 32) * 4
-        for j in T.unroll(4):
-            acc[j] = T.float32(0)
-        if col < cols:
-            for k in T.serial(T.truncdiv(parts - w + RED_WARPS * RED_UNROLL - 1, RED_WARPS * RED_UNROLL)):
-                for u in T.unroll(RED_UNROLL):
-                    if w + (k * RED_UNROLL + u) * RED_WARPS < parts:
-                        for j in T.vectorized(4):
-                            rows[u, j] = PART[w + (k * RED_UNROLL + u) * RED_WARPS, col + j]
-                    else:
-                        for j in T.unroll(4):
-                            rows[u, j] = T.float32(0)
-                for u in T.unroll(RED_UNROLL):
-                    for j in T.unroll(4):
-                        acc[j] = T.ieee_add(acc[j], rows[u, j])
-        if col < cols:  # red's other uses ended two barriers ago
-            for j in T.vectorized(4):
-                flat[w * RED_COLS + col + j] = acc[j]
-        T.sync_threads()
-        if tx < 32 and col < cols:
-            for j in T.unroll(4):
-                acc[j] = flat[col + j]
-            for v in T.unroll(RED_WARPS - 1):
-                for j in T.unroll(4):
-                    acc[j] = T.ieee_add(acc[j], flat[(v + 1) * RED_COLS + col + j])
-            for j in T.unroll(4):
-                if col + j < 3:
-                    SG[col + j] = acc[j]
-                elif col + j < 3 + m3:
-                    BG[col + j - 3] = acc[j]
-
     @T.prim_func
     def mhc_pre_split_mixes_bwd_kernel(
         PREG: T.Tensor((n, m), "float32"),
@@ -144,17 +104,12 @@ def _backward():
         BASE: T.Tensor((m3,), "float32"),
         MIXG: T.Tensor((n, m3), "float32"),
         PART: T.Tensor((parts, cols), "float32"),
-        SG: T.Tensor((3,), "float32"),
-        BG: T.Tensor((m3,), "float32"),
-        COUNT: T.Tensor((1,), "int32"),
         post_mult: T.float32,
     ):
         with T.Kernel(parts, threads=BWD_THREADS) as b:
             tx = T.get_thread_binding(0)
-            T.assume(cols % 4 == 0)  # partial_cols(): the row sums' 16-byte loads
             # the lanes' gy and gy * x sums, then the columns' gy * x sums: one buffer (not merged)
             red = T.alloc_shared((3, BWD_THREADS), "float32")
-            arrived = T.alloc_shared((1,), "int32")
             xs = T.alloc_local((UNROLL,), "float32")
             gs = T.alloc_local((UNROLL,), "float32")
             acc_b = T.alloc_var("float32")
@@ -242,13 +197,56 @@ def _backward():
                 for q in T.serial(T.if_then_else(tx == 2, m * m, m) - 1):
                     acc_s = T.ieee_add(acc_s, red[2, lo + q + 1])
                 PART[b, tx] = acc_s
-            # the row written (the barrier), then published: the acq_rel add releases it and, in
-            # the last CTA, acquires every other CTA's row
-            T.sync_threads()
-            if tx == 0:
-                arrived[0] = T.atomic_add(COUNT[0], 1, memory_order="acq_rel", return_prev=True)
-            T.sync_threads()
-            if arrived[0] == parts - 1:
-                sum_rows(PART, SG, BG, red, tx)
 
     return mhc_pre_split_mixes_bwd_kernel
+
+
+def _reduce():
+    parts = T.dynamic("num_partials")
+    cols = T.dynamic("num_cols")
+    m3 = T.dynamic("mix_cols")
+
+    @T.prim_func
+    def mhc_pre_split_mixes_bwd_reduce_kernel(
+        PART: T.Tensor((parts, cols), "float32"),
+        SG: T.Tensor((3,), "float32"),
+        BG: T.Tensor((m3,), "float32"),
+    ):
+        with T.Kernel(T.ceildiv(cols, 128), threads=RED_WARPS * 32) as b:  # one CTA for m <= 8's 84 columns
+            tx = T.get_thread_binding(0)
+            T.assume(cols % 4 == 0)
+            acc = T.alloc_local((4,), "float32")
+            rows = T.alloc_local((RED_UNROLL, 4), "float32")
+            red = T.alloc_shared((RED_WARPS, 128), "float32")
+            w = tx // 32
+            col = b * 128 + (tx % 32) * 4
+            for j in T.unroll(4):
+                acc[j] = T.float32(0)
+            if col < cols:
+                for k in T.serial(T.truncdiv(parts - w + RED_WARPS * RED_UNROLL - 1, RED_WARPS * RED_UNROLL)):
+                    for u in T.unroll(RED_UNROLL):
+                        if w + (k * RED_UNROLL + u) * RED_WARPS < parts:
+                            for j in T.vectorized(4):
+                                rows[u, j] = PART[w + (k * RED_UNROLL + u) * RED_WARPS, col + j]
+                        else:
+                            for j in T.unroll(4):
+                                rows[u, j] = T.float32(0)
+                    for u in T.unroll(RED_UNROLL):
+                        for j in T.unroll(4):
+                            acc[j] = T.ieee_add(acc[j], rows[u, j])
+            for j in T.vectorized(4):
+                red[w, (tx % 32) * 4 + j] = acc[j]
+            T.sync_threads()
+            if tx < 32 and col < cols:
+                for j in T.unroll(4):
+                    acc[j] = red[0, tx * 4 + j]
+                for v in T.unroll(RED_WARPS - 1):
+                    for j in T.unroll(4):
+                        acc[j] = T.ieee_add(acc[j], red[v + 1, tx * 4 + j])
+                for j in T.unroll(4):
+                    if col + j < 3:
+                        SG[col + j] = acc[j]
+                    elif col + j < 3 + m3:
+                        BG[col + j - 3] = acc[j]
+
+    return mhc_pre_split_mixes_bwd_reduce_kernel

@@ -67,8 +67,7 @@ def test_backward(device, lead, m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_sms", [1, 3])
 def test_backward_any_partial_count(num_sms):
-    """Fewer CTAs than tokens (set_num_sms): still the full sums. (The default, a row an SM, is
-    more rows than the last CTA's 128-row step on an H100 / H200.)"""
+    """Fewer CTAs than tokens (set_num_sms): still the full sums."""
     lead, m = (517,), 4
     args = inputs(lead, m, "cuda")
     grads = [torch.randn(*lead, k, device="cuda") for k in (m, m, m * m)]
@@ -81,8 +80,8 @@ def test_backward_any_partial_count(num_sms):
 
 @pytest.mark.gpu
 def test_backward_on_two_streams_at_once():
-    """Calls in flight on two streams at once: each launch has its own arrival counter (zeroed
-    on its stream), so each gives the bits of a lone call."""
+    """Calls in flight on two streams at once: each call's partial rows are its own (allocated on
+    its stream), so each gives the bits of a lone call."""
     lead, m = (8001,), 4
     args = inputs(lead, m, "cuda")
     grads = [torch.randn(*lead, k, device="cuda") for k in (m, m, m * m)]

@@ -78,11 +78,10 @@ def split_fwd(kernel, device, num_lead, m, nds, post_mult, eps):
     return b.build()
 
 
-def split_bwd(kernel, device, num_lead, m, nds, post_mult, num_sms):
+def split_bwd(first, second, device, num_lead, m, nds, post_mult, num_sms):
     """run(pre_grad, post_grad, comb_grad, input_mixes, post, scale, base, input_mixes_grad,
     scale_grad, base_grad (the last three given or None)) -> the last three; nds: the ranks of
-    arguments 0-2, 4 and 7-9 (None: allocated). The partial rows: min(T, num_sms), after a row
-    whose first word, zeroed by a memset, counts the CTAs done."""
+    arguments 0-2, 4 and 7-9 (None: allocated). The partial rows: min(T, num_sms)."""
     from tilebake.mhc.mhc_pre_split_mixes import partial_cols
 
     b = plan.Builder()
@@ -98,12 +97,10 @@ def split_bwd(kernel, device, num_lead, m, nds, post_mult, num_sms):
             for i, (nd, dims) in enumerate(zip(nds[4:], (lead + [m3], [3], [m3])))]  # fmt: skip
     b.let("P", f"min(T, {num_sms})")
     cols = partial_cols(m)
-    work = b.alloc(FP32, ["P + 1", cols])
-    b.zero(work, 4)
-    b.address(work, "w")
-    b.launch(kernel, device, PREG=pre_g, POSTG=post_g, COMBG=comb_g, MIX=x, SCALE=scale, BASE=base, MIXG=outs[0],
-             PART=f"w + {4 * cols}", SG=outs[1], BG=outs[2], COUNT=work, num_tokens="T", mhc_mult=m, mix_cols=m3,
-             num_partials="P", num_cols=cols, post_mult=post_mult)  # fmt: skip
+    part = b.alloc(FP32, ["P", cols])
+    b.launch(first, device, PREG=pre_g, POSTG=post_g, COMBG=comb_g, MIX=x, SCALE=scale, BASE=base, MIXG=outs[0],
+             PART=part, num_tokens="T", mhc_mult=m, mix_cols=m3, num_partials="P", num_cols=cols, post_mult=post_mult)  # fmt: skip
+    b.launch(second, device, PART=part, SG=outs[1], BG=outs[2], num_partials="P", num_cols=cols, mix_cols=m3)
     for out, nd in zip(outs, nds[4:]):
         if nd is not None:
             b.bump(out)

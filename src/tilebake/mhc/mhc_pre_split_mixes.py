@@ -2,10 +2,9 @@
 split into the layer's pre mix, post mix and m x m comb matrix, and the backward.
 
 Validate, allocate, launch (kernels_tl/mhc/mhc_pre_split_mixes.py: the forward a thread an
-element; the backward one launch: per-CTA partials of the scale and base gradients over a token
-range, summed in a fixed order by the last CTA to finish, which an arrival counter zeroed before
-the launch tells). m (1 to 8), post_mult and eps at run time. CPU tensors take the references
-(tilebake.torch.mhc).
+element; the backward per-CTA partials of the scale and base gradients over a token range, then a
+second launch reducing them in a fixed order). m (1 to 8), post_mult and eps at run time. CPU
+tensors take the references (tilebake.torch.mhc).
 """
 
 from __future__ import annotations
@@ -32,39 +31,32 @@ class MhcPreSplitMixesVariant(Variant):
     family = "mhc"
     op = "mhc_pre_split_mixes"
 
-    direction: str  # 'fwd' | 'bwd' (per-CTA partials, summed by the last CTA)
+    direction: str  # 'fwd' | 'bwd' (the per-CTA partials) | 'bwd_reduce' (their sum)
 
     @classmethod
     def all(cls):
-        return (cls("fwd"), cls("bwd"))
+        return (cls("fwd"), cls("bwd"), cls("bwd_reduce"))
 
     def params(self):
         if self.direction == "fwd":
             return ptr("MIX", "SCALE", "BASE", "PRE", "POST", "COMB") + i32("num_tokens", "mhc_mult", "mix_cols") + f32(
                 "post_mult", "pre_eps"
             )
-        return ptr("PREG", "POSTG", "COMBG", "MIX", "SCALE", "BASE", "MIXG", "PART", "SG", "BG", "COUNT") + i32(
-            "num_tokens", "mhc_mult", "mix_cols", "num_partials", "num_cols"
-        ) + f32("post_mult")  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class MhcPreSplitMixesAscendVariant(MhcAscendVariant):
-    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py): the forward, the
-    backward's per-core partial rows and a second launch summing them (bwd_reduce); m and every
-    size at run time."""
-
-    op = "mhc_pre_split_mixes"
-    DIRECTIONS = ("fwd", "bwd", "bwd_reduce")
-
-    def params(self):
-        if self.direction == "fwd":
-            return MhcPreSplitMixesVariant("fwd").params()
         if self.direction == "bwd":
             return ptr("PREG", "POSTG", "COMBG", "MIX", "SCALE", "BASE", "MIXG", "PART") + i32(
                 "num_tokens", "mhc_mult", "mix_cols", "num_partials", "num_cols"
             ) + f32("post_mult")  # fmt: skip
         return ptr("PART", "SG", "BG") + i32("num_partials", "num_cols", "mix_cols")
+
+
+@dataclasses.dataclass(frozen=True)
+class MhcPreSplitMixesAscendVariant(MhcAscendVariant):
+    """The Ascend 950 kernels (kernels_tl/ascend/mhc/mhc_pre_split_mixes.py): the CUDA kernels' three,
+    m and every size at run time."""
+
+    op = "mhc_pre_split_mixes"
+    DIRECTIONS = ("fwd", "bwd", "bwd_reduce")
+    params = MhcPreSplitMixesVariant.params
 
 
 _KERNELS = KernelTable(MhcPreSplitMixesVariant)
@@ -179,7 +171,7 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mi
     (3,), mhc_base_grad (m (m + 2),)), written (not accumulated) into the given tensors, else new.
     The sigmoids are recomputed from input_mixes (post_layer_mix is checked, not read); the scale
     and base gradients are summed over the tokens in a fixed order (per-CTA partials, then their
-    sum by the last CTA: two runs give the same bits). Gradient shapes as the forward's outputs."""
+    sum: two runs give the same bits). Gradient shapes as the forward's outputs."""
     if not torch.compiler.is_compiling():  # dynamo can neither hash the key nor trace the native call
         try:
             call = _PLANS["bwd", input_mixes.ndim, input_mixes.shape[-1], pre_layer_mix_grad.ndim,
@@ -235,14 +227,14 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mi
         want = mhc_pre_split_mixes_bwd_ref(*grads, input_mixes, mhc_scale, mhc_base, post_mult)
         return mix_grad.copy_(want[0]), scale_grad.copy_(want[1]), base_grad.copy_(want[2])
     parts, cols = num_partials(num_tokens), partial_cols(m)
-    work = input_mixes.new_empty((parts + 1, cols))  # the arrival counter's row, then the partial rows
-    count = work[0].view(torch.int32)[:1].zero_()
+    partial = input_mixes.new_empty((parts, cols))
     device = input_mixes.get_device()
-    kernel = _KERNELS["bwd",]
-    kernel(device, *(t.data_ptr() for t in (*grads, input_mixes, mhc_scale, mhc_base, mix_grad, work[1:], scale_grad,
-                                             base_grad, count)), num_tokens, m, m3, parts, cols, post_mult)  # fmt: skip
+    first, second = _KERNELS["bwd",], _KERNELS["bwd_reduce",]
+    first(device, *(t.data_ptr() for t in (*grads, input_mixes, mhc_scale, mhc_base, mix_grad, partial)), num_tokens, m,
+          m3, parts, cols, post_mult)  # fmt: skip
+    second(device, partial.data_ptr(), scale_grad.data_ptr(), base_grad.data_ptr(), parts, cols, m3)
     plan.bump(input_mixes_grad, mhc_scale_grad, mhc_base_grad)
-    plan.remember(_PLANS, key, _plans_mix.split_bwd, kernel, device, input_mixes.ndim - 1, m, key[3:10],
+    plan.remember(_PLANS, key, _plans_mix.split_bwd, first, second, device, input_mixes.ndim - 1, m, key[3:10],
                   post_mult, config.get_num_sms())  # fmt: skip
     return mix_grad, scale_grad, base_grad
 
