@@ -31,6 +31,19 @@ FLOAT_FORMATS = {dtype: FORMAT_NAMES[dtype] for dtype in (torch.bfloat16, torch.
 FMT_MAX = {"e4m3": 448.0, "e2m1": 6.0}
 
 
+def npu_layouts(device: torch.device) -> bool:
+    """Whether tensors on `device` take the Ascend SF layouts, as the original's do there: UE8M0
+    bytes packed two to an int16, column-major SF without the TMA padding. The one place that
+    decides it (tests patch it to run those layouts on the CPU)."""
+    return device.type == "npu"
+
+
+def ue8m0_word(device: torch.device) -> tuple[torch.dtype, int]:
+    """(dtype, bytes a word) of packed UE8M0 SF on `device`: int32 of four (CUDA, CPU), int16 of
+    two (Ascend)."""
+    return (torch.int16, 2) if npu_layouts(device) else (torch.int32, 4)
+
+
 def str_to_dtype(fmt: str) -> torch.dtype:
     try:
         return _FORMATS[fmt]

@@ -100,7 +100,7 @@ def _special_rows(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("tokens, hidden", [(1, 128), (37, 384), (70, 7168)])
 def test_per_token_cast_and_cast_back(emu, dtype, round_sf, packed, tokens, hidden):
     x = _special_rows(torch.randn(tokens, hidden).to(dtype))
-    data, sf = _per_token_cast_ascend.per_token_cast(strided(x), 32, round_sf, packed, False, None, None)
+    data, sf = _per_token_cast_ascend.per_token_cast(strided(x), 32, round_sf, packed, False)
     want = tilebake.quant.per_token_cast(x, "e4m3", 32, round_sf=round_sf, use_packed_ue8m0=packed)
     want_sf = want[1].view(torch.int16).reshape(sf.shape) if packed else want[1]
     assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8))
@@ -109,7 +109,7 @@ def test_per_token_cast_and_cast_back(emu, dtype, round_sf, packed, tokens, hidd
         back = _cast_back_ascend.cast_back(data, sf, fmt, 1, 32)
         assert torch.equal(back, tilebake.quant.cast_back(want, fmt, (1, 32)))
         assert back.dtype == out_dtype
-    sf_only = _per_token_cast_ascend.per_token_cast(x, 32, round_sf, packed, False, None, None, store_data=False)
+    sf_only = _per_token_cast_ascend.per_token_cast(x, 32, round_sf, packed, False, store_data=False)
     assert sf_only[0] is None and torch.equal(sf_only[1], sf)
     if not packed:
         given = torch.rand(tokens, hidden // 32) + 0.5
@@ -199,7 +199,7 @@ def test_norm_forward_and_per_token_cast(emu, dtype, round_sf, packed, with_weig
     )
     fused = emu.launches[-1]
     y, want_rstd, want_input = _norm_forward_ascend.norm_forward(*args, True)
-    want = _per_token_cast_ascend.per_token_cast(y.view(-1, shape[-1]), 32, round_sf, packed, False, None, None)
+    want = _per_token_cast_ascend.per_token_cast(y.view(-1, shape[-1]), 32, round_sf, packed, False)
     assert torch.equal(data.view(-1, shape[-1]).view(torch.uint8), want[0].view(torch.uint8))
     assert torch.equal(sf.view(-1, sf.shape[-1]), want[1]) and sf.shape[:-1] == shape[:-1]
     assert torch.equal(out_bf16, y.to(torch.bfloat16)) and torch.equal(rstd, want_rstd)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from tilebake import utils
 from tilebake._checks import check_device
 from tilebake.utils import FLOAT_FORMATS, align, ceil_div
 
@@ -152,6 +153,11 @@ def check_out_sf_layout(sf, name: str, shape: tuple, dtype: torch.dtype, like: t
     if not col_major or 0 in shape:  # an empty SF has no layout to keep
         return
     rows, cols = shape[-2:]
+    if utils.npu_layouts(sf.device):  # the Ascend layout: column-major, no TMA padding
+        if rows > 1 and strides[-2] != 1:
+            raise ValueError(f"{name} must be column-major (stride(-2) == 1) with use_tma_aligned_col_major_sf=True, "
+                             f"got strides {strides}")  # fmt: skip
+        return
     if (rows > 1 and strides[-2] != 1) or (cols > 1 and (strides[-1] * sf.element_size()) % 16):
         raise ValueError(
             f"{name} must be TMA-aligned column-major with use_tma_aligned_col_major_sf=True: stride(-2) == 1 "
@@ -172,27 +178,31 @@ def _explain_tensor(t, name: str, shape, dtype: torch.dtype, like: torch.Tensor)
     raise ValueError(f"{name} must be on {like.device}, got {t.device}")
 
 
-def sf_layout(num_groups: int, use_packed_ue8m0: bool) -> tuple[torch.dtype, int]:
-    """SF dtype and column count: fp32 per group, or int32 words of 4 UE8M0 bytes."""
-    return (torch.int32, ceil_div(num_groups, 4)) if use_packed_ue8m0 else (torch.float32, num_groups)
+def sf_layout(num_groups: int, use_packed_ue8m0: bool, like: Optional[torch.Tensor] = None) -> tuple[torch.dtype, int]:
+    """SF dtype and column count on `like`'s device: fp32 per group, or packed UE8M0 words (int32
+    of 4 bytes; on an NPU int16 of 2, the original's Ascend packing)."""
+    if not use_packed_ue8m0:
+        return torch.float32, num_groups
+    dtype, per_word = utils.ue8m0_word(like.device) if like is not None else (torch.int32, 4)
+    return dtype, ceil_div(num_groups, per_word)
 
 
 def alloc_sf(
     like: torch.Tensor, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, col_major: bool
 ) -> torch.Tensor:
     """Scale factors on `like`'s device."""
-    dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
+    dtype, cols = sf_layout(num_groups, use_packed_ue8m0, like)
     if col_major:
         # TMA-aligned: column-major, the token dim padded to 16 bytes (4 x 4-byte scales),
-        # handed out as a (T, cols) view with stride (1, padded T).
-        padded = align(num_tokens, 4)
+        # handed out as a (T, cols) view with stride (1, padded T); unpadded on an NPU.
+        padded = num_tokens if utils.npu_layouts(like.device) else align(num_tokens, 4)
         return like.new_empty_strided((padded, cols), (1, padded), dtype=dtype)[:num_tokens]
     return like.new_empty((num_tokens, cols), dtype=dtype)
 
 
 def check_out_sf(sf, name: str, num_tokens: int, num_groups: int, use_packed_ue8m0: bool, like: torch.Tensor) -> None:
     """Scale factors of the right dtype and shape on `like`'s device; any strides."""
-    dtype, cols = sf_layout(num_groups, use_packed_ue8m0)
+    dtype, cols = sf_layout(num_groups, use_packed_ue8m0, like)
     if not (
         isinstance(sf, torch.Tensor)
         and sf.dtype == dtype

@@ -18,19 +18,12 @@ _KERNELS = ascend.AscendKernelTable(PerTokenCastAscendVariant)
 _IN_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
-def per_token_cast(x, num_per_channels, round_sf, use_packed_ue8m0, col_major_sf, data, sf, store_data=True):
-    """(data, sf) of an e4m3 per-token cast of NPU tensor x (T, H) by the Ascend kernel, or None
-    where it does not apply (also with given outputs, data / sf not None, for now); data None
-    without store_data (per_token_cast_with_sf_only)."""
+def per_token_cast(x, num_per_channels, round_sf, use_packed_ue8m0, col_major_sf, store_data=True):
+    """(data, sf) of an e4m3 per-token cast of NPU tensor x (T, H) by the Ascend kernel, new
+    tensors (the caller copies them into given outputs), or None where it does not apply; data
+    None without store_data (per_token_cast_with_sf_only)."""
     num_tokens, hidden = x.shape
-    if (
-        num_per_channels != ASCEND_NUM_PER_CHANNELS
-        or hidden % 128
-        or x.dtype not in _IN_DTYPES
-        or col_major_sf
-        or data is not None  # given outputs: checked in the CUDA layouts, so the reference path
-        or sf is not None
-    ):
+    if num_per_channels != ASCEND_NUM_PER_CHANNELS or hidden % 128 or x.dtype not in _IN_DTYPES or col_major_sf:
         return None
     groups = hidden // num_per_channels
     data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn) if store_data else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from tilebake import utils
 from tilebake import config
 from tilebake._runtime import plan
 from tilebake.quant import _cast_plans as plans
@@ -68,23 +69,23 @@ def _sf_mode(round_sf, use_packed_ue8m0, use_e4m3_sf) -> int:
     return SF_UE8M0 if use_packed_ue8m0 else SF_ROUND if round_sf else SF_PLAIN
 
 
-def _sf_dtype_and_cols(num_groups: int, sf_mode: int) -> tuple[torch.dtype, int]:
+def _sf_dtype_and_cols(num_groups: int, sf_mode: int, like) -> tuple[torch.dtype, int]:
     if sf_mode == SF_E4M3:
         return torch.float8_e4m3fn, num_groups
-    return sf_layout(num_groups, sf_mode == SF_UE8M0)
+    return sf_layout(num_groups, sf_mode == SF_UE8M0, like)
 
 
 def _alloc_any_sf(like, num_tokens: int, num_groups: int, sf_mode: int, col_major: bool) -> torch.Tensor:
     if sf_mode != SF_E4M3:
         return alloc_sf(like, num_tokens, num_groups, sf_mode == SF_UE8M0, col_major)
-    if col_major:  # the token dim padded to 16 bytes = 16 e4m3 scales
-        padded = align(num_tokens, 16)
+    if col_major:  # the token dim padded to 16 bytes = 16 e4m3 scales (not on an NPU)
+        padded = num_tokens if utils.npu_layouts(like.device) else align(num_tokens, 16)
         return like.new_empty_strided((padded, num_groups), (1, padded), dtype=torch.float8_e4m3fn)[:num_tokens]
     return like.new_empty((num_tokens, num_groups), dtype=torch.float8_e4m3fn)
 
 
 def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int, like) -> None:
-    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode)
+    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode, like)
     if not (
         isinstance(sf, torch.Tensor)
         and sf.dtype == dtype
@@ -95,7 +96,7 @@ def _check_any_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int,
 
 
 def _check_out_sf(sf, name: str, num_tokens: int, num_groups: int, sf_mode: int, like, col_major: bool) -> None:
-    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode)
+    dtype, cols = _sf_dtype_and_cols(num_groups, sf_mode, like)
     check_out_sf_layout(sf, name, (num_tokens, cols), dtype, like, col_major)
 
 
@@ -170,16 +171,17 @@ def _parse_x(x, x_block_size):
         hidden = 2 * half
     else:
         raise TypeError(f"x[0] (the data) must be float8_e4m3fn or int8 (packed e2m1), got {data.dtype}")
-    kind = _X_SF_KINDS.get(x_sf.dtype)
+    packed, per_word = utils.ue8m0_word(data.device)  # int32 of 4 bytes; on an NPU int16 of 2
+    kind = X_SF_UE8M0 if x_sf.dtype == packed else _X_SF_KINDS.get(x_sf.dtype) if x_sf.dtype != torch.int32 else None
     if kind is None:
-        raise TypeError(f"x[1] (the SF) must be float32, int32 (packed UE8M0) or float8_e4m3fn, got {x_sf.dtype}")
+        raise TypeError(f"x[1] (the SF) must be float32, {packed} (packed UE8M0) or float8_e4m3fn, got {x_sf.dtype}")
     sf_rows, sf_cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
     if kind == X_SF_UE8M0:
-        sf_cols = ceil_div(sf_cols, 4)
+        sf_cols = ceil_div(sf_cols, per_word)
     if x_sf.shape != (sf_rows, sf_cols):
         raise ValueError(
             f"x[1] (the SF) must have shape {(sf_rows, sf_cols)} for T={num_tokens}, H={hidden}, "
-            f"x_block_size={tuple(x_block_size)}{' (packed 4 to an int32)' if kind == X_SF_UE8M0 else ''}, "
+            f"x_block_size={tuple(x_block_size)}{f' (packed {per_word} to an {str(packed)[6:]})' if kind == X_SF_UE8M0 else ''}, "
             f"got {tuple(x_sf.shape)}"
         )
     if x_sf.device != data.device:

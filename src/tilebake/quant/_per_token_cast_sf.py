@@ -46,14 +46,14 @@ def sf_only(
     if out_sf is not None:  # the original takes none with use_tma_aligned_col_major_sf; here its layout
         _check_out_sf(out_sf, "out_sf", num_tokens, num_groups, sf_mode, data_in, use_tma_aligned_col_major_sf)
     clamp = config.get_amax_clamp_for_quant(fmt, use_e4m3_sf)
-    if data_in.device.type == "npu" and out_sf is None and fmt == "e4m3" and not use_e4m3_sf:
+    if data_in.device.type == "npu" and fmt == "e4m3" and not use_e4m3_sf:
         from tilebake.quant import _per_token_cast_ascend  # the Ascend kernels where they apply
 
         result = _per_token_cast_ascend.per_token_cast(
-            data_in, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, None, None, False
+            data_in, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, False
         )
         if result is not None:
-            return result[1]
+            return result[1] if out_sf is None else out_sf.copy_(result[1])
     if not data_in.is_cuda:
         from tilebake.torch import cast
 

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from tilebake import utils
 from tilebake._checks import check_device
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -73,8 +74,9 @@ _KERNELS = KernelTable(BatchedTransposeWeightSfVariant)
 def _check_out(t, name: str, shape: tuple[int, ...], like: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor (or None), got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be torch.int32 (packed UE8M0), got {t.dtype}")
+    packed = utils.ue8m0_word(like.device)[0]  # int32; on an NPU int16
+    if t.dtype != packed:
+        raise TypeError(f"{name} must be {packed} (packed UE8M0 on {like.device.type}), got {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if t.device != like.device:

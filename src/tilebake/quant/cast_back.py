@@ -12,6 +12,7 @@ import operator
 
 import torch
 
+from tilebake import utils
 from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
@@ -91,14 +92,14 @@ def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
     """The SF tensor's kind; its shape for (bm, bk), its device; no column-major per-channel SF."""
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"x[1] must be a torch.Tensor, got {type(sf).__name__}")
-    sf_kind = _SF_KINDS.get(sf.dtype)
+    packed, per_word = utils.ue8m0_word(data.device)  # int32 of 4 bytes; on an NPU int16 of 2
+    sf_kind = "ue8m0" if sf.dtype == packed else _SF_KINDS.get(sf.dtype) if sf.dtype != torch.int32 else None
     if sf_kind is None:
-        raise TypeError(
-            f"x[1] must be torch.float32, torch.float8_e4m3fn or torch.int32 (packed UE8M0), got {sf.dtype}"
-        )
+        raise TypeError(f"x[1] must be torch.float32, torch.float8_e4m3fn or {packed} (packed UE8M0 on "
+                        f"{data.device.type}), got {sf.dtype}")  # fmt: skip
     rows, cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)
     if sf_kind == "ue8m0":
-        shape = (ceil_div(rows, 4), cols) if block_k == 1 else (rows, ceil_div(cols, 4))
+        shape = (ceil_div(rows, per_word), cols) if block_k == 1 else (rows, ceil_div(cols, per_word))
     else:
         shape = (rows, cols)
     if tuple(sf.shape) != shape:

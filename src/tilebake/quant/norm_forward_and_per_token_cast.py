@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from tilebake import utils
 from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
@@ -107,9 +108,9 @@ def _alloc_sf_rows(x: torch.Tensor, num_groups: int, packed: bool, col_major: bo
     if x.dim() == 2:
         return alloc_sf(x, x.shape[0], num_groups, packed, col_major)
     batch, num_tokens = x.shape[:2]
-    dtype, cols = sf_layout(num_groups, packed)
+    dtype, cols = sf_layout(num_groups, packed, x)
     if col_major:
-        padded = align(num_tokens, 4)
+        padded = num_tokens if utils.npu_layouts(x.device) else align(num_tokens, 4)  # Ascend: unpadded
         return x.new_empty((batch, cols, padded), dtype=dtype).transpose(1, 2)[:, :num_tokens]
     return x.new_empty((batch, num_tokens, cols), dtype=dtype)
 
@@ -120,7 +121,7 @@ def _check_out(out, x: torch.Tensor, num_groups: int, packed: bool, col_major: b
     if data is not None:
         check_out_like(data, "out[0]", x, torch.float8_e4m3fn)
     if sf is not None:
-        dtype, cols = sf_layout(num_groups, packed)
+        dtype, cols = sf_layout(num_groups, packed, x)
         check_out_sf_layout(sf, "out[1]", (*x.shape[:-1], cols), dtype, x, col_major)
     return data, sf
 
@@ -268,14 +269,20 @@ def norm_forward_and_per_token_cast(
             x if residual is None else _into(residual_out, norm_input),
         )
     npu_applies = num_per_channels == 32 and not use_tma_aligned_col_major_sf and mega_moe_sf is None
-    if x.device.type == "npu" and npu_applies and all(t is None for t in (out, out_bf16, residual_out)):
-        from tilebake.quant import _norm_forward_ascend  # the Ascend kernels where they apply
+    if x.device.type == "npu" and npu_applies:  # the Ascend kernels where they apply; given outputs filled after
+        from tilebake.quant import _norm_forward_ascend
 
         result = _norm_forward_ascend.norm_forward_and_per_token_cast(
             x, weight, eps, residual, out_scale, round_sf, use_packed_ue8m0, with_out_bf16, with_rstd
         )
         if result is not None:
-            return result
+            (new_data, new_sf), y_bf16, rstd, norm_input = result
+            return (
+                (_into(data, new_data), _into(sf, new_sf)),
+                _into(out_bf16, y_bf16) if with_out_bf16 else None,
+                rstd,
+                x if residual is None else _into(residual_out, norm_input),
+            )
     plan_key = (x.dtype, x.ndim, weight is None, eps_arg, eps_arg.__class__, fmt, num_per_channels, residual is None,
                 out_scale_arg, out_scale_arg.__class__, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                 with_out_bf16, out is None, out_bf16 is None, residual_out is None, mega_moe_sf is None,

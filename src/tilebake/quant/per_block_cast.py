@@ -169,7 +169,7 @@ def _remember(plans_cache, plan_key, key, mode, x, fmt, round_sf, packed, col_ma
 
 
 def _check_out_sf(sf, name: str, num_row_blocks: int, num_groups: int, packed: bool, like, col_major: bool) -> None:
-    dtype, cols = sf_layout(num_groups, packed)
+    dtype, cols = sf_layout(num_groups, packed, like)
     check_out_sf_layout(sf, name, (num_row_blocks, cols), dtype, like, col_major)
 
 
@@ -219,7 +219,7 @@ def per_block_cast(
         use_tma_aligned_col_major_sf: return the SF column-major, its row-block dim padded
             to 16 bytes, as a (ceil(T/bm), K blocks) view with stride (1, padded).
         round_sf: round each scale up to a power of two.
-        use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 along K (needs round_sf),
+        use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 (2 to an int16 on an NPU) along K (needs round_sf),
             shape (ceil(T/bm), ceil(ceil(H/bk)/4)).
         out: optional preallocated (data, sf) with the returned dtypes and shapes; either part
             may be None (then allocated). data's rows as x's; sf at any strides, or with

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from tilebake import utils
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, i32, ptr
@@ -140,7 +141,7 @@ def per_block_cast_lossless(
             of bm (nor H of bk).
         use_tma_aligned_col_major_sf: return the SF column-major (TMA-aligned view).
         round_sf: accepted for compatibility; the new scales are powers of two anyway.
-        use_packed_ue8m0: new SF as UE8M0 bytes packed 4 to an int32 along K.
+        use_packed_ue8m0: new SF as UE8M0 bytes packed 4 to an int32 (2 to an int16 on an NPU) along K.
         out: optional preallocated (data, sf), either of them None (then allocated): data
             float8_e4m3fn (T, H), rows 16-byte aligned; sf of the returned dtype and shape,
             any strides. The given tensors are returned themselves.
@@ -194,7 +195,7 @@ def per_block_cast_lossless(
         )
         if result is not None:
             return result
-    in_packed = sf_in.dtype == torch.int32
+    in_packed = sf_in.dtype == utils.ue8m0_word(data.device)[0]  # int16 on an NPU
     check_out_sf(sf_in, "x[1]", ceil_div(num_tokens, bm_in), ceil_div(hidden, bk_in), in_packed, data)
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     out_data = out_sf = None

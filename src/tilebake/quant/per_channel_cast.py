@@ -12,6 +12,7 @@ import itertools
 
 import torch
 
+from tilebake import utils
 from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
@@ -139,7 +140,7 @@ def per_channel_cast(
         round_sf: round each scale up to a power of two.
         num_per_channels: the SF block width of a QuantTensor x (16, 32, 64, 128); None otherwise.
         use_packed_ue8m0: SF as UE8M0 bytes packed 4 to an int32 along tokens (needs
-            round_sf): int32 (ceil(ceil(T/npt)/4), H).
+            round_sf): int32 (ceil(ceil(T/npt)/4), H); on an NPU int16 (ceil(ceil(T/npt)/2), H).
 
     Returns:
         (data, sf): e4m3 (T, H) and fp32 (ceil(T/npt), H) row-major (or the packed int32).
@@ -175,7 +176,7 @@ def per_channel_cast(
             return result
     in_sf_packed = False
     if sf_in is not None:
-        in_sf_packed = sf_in.dtype == torch.int32
+        in_sf_packed = sf_in.dtype == utils.ue8m0_word(data_in.device)[0]  # int16 on an NPU
         check_out_sf(sf_in, "x[1]", num_tokens, ceil_div(hidden, num_per_channels), in_sf_packed, data_in)
     num_row_blocks = ceil_div(num_tokens, num_per_tokens)
     if torch.compiler.is_compiling():

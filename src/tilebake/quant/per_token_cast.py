@@ -172,7 +172,7 @@ def _check_out(out, x, num_tokens, hidden, num_per_channels, use_packed_ue8m0, c
     if data is not None:
         check_out_data(data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, x)
     if sf is not None:
-        dtype, cols = sf_layout(ceil_div(hidden, num_per_channels), use_packed_ue8m0)
+        dtype, cols = sf_layout(ceil_div(hidden, num_per_channels), use_packed_ue8m0, x)
         check_out_sf_layout(sf, "out[1]", (num_tokens, cols), dtype, x, col_major)
     return data, sf
 
@@ -205,10 +205,11 @@ def per_token_cast(
         x_block_size: (bm, bk) of a QuantTensor input's SF blocks, bk a multiple of 16;
             None for a plain tensor.
         use_tma_aligned_col_major_sf: return the SF column-major, its token dim padded
-            to 16 bytes, as a (T, ceil(H/npc)) view with stride (1, padded T).
+            to 16 bytes, as a (T, ceil(H/npc)) view with stride (1, padded T) (on an NPU
+            unpadded: stride (1, T), the original's Ascend layout).
         round_sf: round each scale up to a power of two.
-        use_packed_ue8m0: SF as UE8M0 exponent bytes packed 4 to an int32 along H
-            (needs round_sf); shape (T, ceil(ceil(H/npc)/4)).
+        use_packed_ue8m0: SF as UE8M0 exponent bytes packed 4 to an int32 along H (needs
+            round_sf); shape (T, ceil(ceil(H/npc)/4)). On an NPU two to an int16 (T, ceil(ceil(H/npc)/2)).
         use_e4m3_sf: SF as float8_e4m3fn (not with round_sf).
         stochastic_cast: round the quantised values stochastically instead of to nearest even
             (e4m3 or e2m1 output, plain or quantized input; not on the hot path): each value
@@ -264,10 +265,10 @@ def per_token_cast(
         from tilebake.quant import _per_token_cast_ascend
 
         result = _per_token_cast_ascend.per_token_cast(
-            x, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf, data, sf
+            x, num_per_channels, round_sf, use_packed_ue8m0, use_tma_aligned_col_major_sf
         )
         if result is not None:
-            return result
+            return fill_out(result, data, sf)  # given outputs (the Ascend layouts) filled from the kernel's
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         from tilebake.torch import cast
 

@@ -2,6 +2,9 @@
 and the scale factors (fp32, e4m3 or UE8M0 from the clamped block amax, UE8M0 packed four to an
 int32, the TMA-aligned column-major layout), encoded and decoded bit by bit.
 
+The SF layouts follow the tensors' device, as the original's do: on an Ascend NPU, UE8M0 bytes
+are packed two to an int16 and a column-major SF has no alignment padding (utils.npu_layouts).
+
 Apart from cast.py (the casts: argument checks, input parsing, block amax, the quantising
 multiply), which re-exports the public names: the formats are the same for every cast
 (cast_lossless.py reads them too). The fp32 operations follow ``spec/numerics.md`` as in cast.py.
@@ -13,13 +16,14 @@ from typing import Tuple
 
 import torch
 
+from tilebake import utils
 from tilebake.utils import FMT_MAX, ceil_div
 
 #: Magnitudes of the eight e2m1 codes 0..7 (bit 3 is the sign).
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 _E4M3 = torch.float8_e4m3fn
-_SF_INPUT_DTYPES = (torch.float32, torch.int32, torch.float8_e4m3fn)
+_PACKED_BYTES = {torch.int32: 4, torch.int16: 2}  # packed UE8M0 words: bytes a word
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,41 +157,48 @@ def ue8m0_to_fp32(b: torch.Tensor) -> torch.Tensor:
 
 
 def pack_ue8m0(b: torch.Tensor, along_m: bool = False) -> torch.Tensor:
-    """Pack UE8M0 bytes ``(R, C)`` into int32 words, four bytes per word, little-endian.
+    """Pack UE8M0 bytes ``(R, C)`` into words of utils.ue8m0_word(b.device) (int32 of four bytes; int16
+    of two on an NPU), little-endian.
 
-    Along K (default): ``(R, ceil(C/4))``, byte ``i`` of word ``w`` = column ``4w + i``.
-    Along M: ``(ceil(R/4), C)``, byte ``i`` of word ``w`` = row ``4w + i``. Unused bytes are zero.
+    Along K (default): ``(R, ceil(C/n))``, byte ``i`` of word ``w`` = column ``n w + i``.
+    Along M: ``(ceil(R/n), C)``, byte ``i`` of word ``w`` = row ``n w + i``. Unused bytes are zero.
     """
     if along_m:
         return pack_ue8m0(b.t(), along_m=False).t().contiguous()
+    dtype, n = utils.ue8m0_word(b.device)
     R, C = b.shape
-    W = ceil_div(C, 4)
-    padded = torch.zeros((R, 4 * W), dtype=torch.int64, device=b.device)
+    W = ceil_div(C, n)
+    padded = torch.zeros((R, n * W), dtype=torch.int64, device=b.device)
     padded[:, :C] = b.to(torch.int64) & 0xFF
-    p = padded.view(R, W, 4)
-    word = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
-    word = torch.where(word >= 2**31, word - 2**32, word)
-    return word.to(torch.int32)
+    p = padded.view(R, W, n)
+    word = p[..., 0]
+    for i in range(1, n):
+        word = word | (p[..., i] << (8 * i))
+    word = torch.where(word >= 2 ** (8 * n - 1), word - 2 ** (8 * n), word)
+    return word.to(dtype)
 
 
 def unpack_ue8m0(words: torch.Tensor, n: int, along_m: bool = False) -> torch.Tensor:
-    """Inverse of :func:`pack_ue8m0`: int32 words -> int32 bytes, ``n`` entries along the packed dim."""
+    """Inverse of :func:`pack_ue8m0`: int32 (or int16) words -> int32 bytes, ``n`` entries along
+    the packed dim."""
     if along_m:
         return unpack_ue8m0(words.t(), n, along_m=False).t().contiguous()
+    per = _PACKED_BYTES[words.dtype]
     R, W = words.shape
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int64, device=words.device)
+    w = words.to(torch.int64) & ((1 << (8 * per)) - 1)
+    shifts = torch.arange(0, 8 * per, 8, dtype=torch.int64, device=words.device)
     b = (w.unsqueeze(-1) >> shifts) & 0xFF
-    return b.reshape(R, 4 * W)[:, :n].to(torch.int32)
+    return b.reshape(R, per * W)[:, :n].to(torch.int32)
 
 
 def to_tma_aligned_col_major(sf: torch.Tensor) -> torch.Tensor:
-    """Store ``sf`` ``(R, C)`` column-major with ``R`` padded to 16 bytes; return the ``(R, C)`` view.
+    """Store ``sf`` ``(R, C)`` column-major with ``R`` padded to 16 bytes (not padded on an NPU:
+    the original's Ascend layout); return the ``(R, C)`` view.
 
     The returned tensor has stride ``(1, padded_R)``; the padding entries are zero.
     """
     R, C = sf.shape
-    align = max(1, 16 // sf.element_size())
+    align = 1 if utils.npu_layouts(sf.device) else max(1, 16 // sf.element_size())
     padded_r = ceil_div(R, align) * align
     buf = torch.zeros((C, padded_r), dtype=sf.dtype, device=sf.device)
     if R and C:
@@ -204,13 +215,15 @@ def _decode_input_sf(sf: torch.Tensor, bm: int, bk: int, T: int, H: int) -> torc
     Tb, Kb = ceil_div(T, bm), ceil_div(H, bk)
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"x[1] (the SF) must be a torch.Tensor, got {type(sf).__name__}")
-    if sf.dtype not in _SF_INPUT_DTYPES:
-        raise TypeError(f"x[1] (the SF) must be float32, int32 (packed UE8M0) or float8_e4m3fn, got {sf.dtype}")
+    packed, n = utils.ue8m0_word(sf.device)
+    if sf.dtype not in (torch.float32, packed, torch.float8_e4m3fn):
+        raise TypeError(f"x[1] (the SF) must be float32, {packed} (packed UE8M0 on {sf.device.type}) or "
+                        f"float8_e4m3fn, got {sf.dtype}")  # fmt: skip
     if sf.dim() != 2:
         raise ValueError(f"x[1] (the SF) must be 2-D, got shape {tuple(sf.shape)}")
-    if sf.dtype == torch.int32:
+    if sf.dtype == packed:
         along_m = bk == 1
-        expected = (ceil_div(Tb, 4), Kb) if along_m else (Tb, ceil_div(Kb, 4))
+        expected = (ceil_div(Tb, n), Kb) if along_m else (Tb, ceil_div(Kb, n))
         if tuple(sf.shape) != expected:
             raise ValueError(
                 f"x[1] (packed UE8M0 SF) must have shape {expected} for T={T}, H={H}, "

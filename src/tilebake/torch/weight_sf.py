@@ -15,7 +15,8 @@ int32 along the contraction dim (unused bytes of a last partial word are zero):
   without as its transposed (k, ceil(n/bs/4)) MN-major view (strides (1, k)).
 
 Grouped: the same per group, (G, ...) with the group stride the buffer's size. n = n/bs * bs and
-k = k/bs * bs are multiples of bs (32 or 128), so the MN-major buffers need no TMA padding. The
+k = k/bs * bs are multiples of bs (32 or 128), so the MN-major buffers need no TMA padding. On an
+NPU the words are int16 of two bytes (the original's Ascend packing; utils.ue8m0_word). The
 exponent byte of an fp32 power of two ``2^e`` is ``e + 127`` (its fp32 exponent field); any other scale
 (not a positive normal power of two) is an error.
 """
@@ -26,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from tilebake import utils
 from tilebake.utils import ceil_div
 
 __all__ = ["batched_transpose_weight_sf", "weight_sf_layout", "sf1_layout", "sf_shapes"]
@@ -33,10 +35,12 @@ __all__ = ["batched_transpose_weight_sf", "weight_sf_layout", "sf1_layout", "sf_
 WEIGHT_SF_BLOCK_SIZES = (32, 128)
 
 
-def weight_sf_layout(rows: int, cols: int, num_groups: Optional[int], device, dtype=torch.int32) -> torch.Tensor:
-    """An empty MN-major packed layout: the (G?, rows, ceil(cols/4)) int32 transposed view of a
-    (G?, ceil(cols/4), rows) buffer, strides (.., 1, rows). Uninitialised: every word is written."""
-    words = ceil_div(cols, 4)
+def weight_sf_layout(rows: int, cols: int, num_groups: Optional[int], device) -> torch.Tensor:
+    """An empty MN-major packed layout: the (G?, rows, ceil(cols/n)) transposed view of a
+    (G?, ceil(cols/n), rows) buffer of utils.ue8m0_word(device) words of n bytes, strides
+    (.., 1, rows). Uninitialised: every word is written."""
+    dtype, per_word = utils.ue8m0_word(torch.device(device))
+    words = ceil_div(cols, per_word)
     g = 1 if num_groups is None else num_groups
     view = torch.empty((g, words, rows), dtype=dtype, device=device).transpose(1, 2)
     return view[0] if num_groups is None else view
@@ -53,8 +57,9 @@ def sf_shapes(s: torch.Tensor, block_size: int, transpose: bool) -> tuple[tuple[
     """The shapes of (sf0, sf1) for the scales `s` (n/bs, k/bs) or (G, n/bs, k/bs)."""
     *groups, nb, kb = s.shape
     n, k = nb * block_size, kb * block_size
-    sf1 = (ceil_div(nb, 4), k) if transpose else (k, ceil_div(nb, 4))
-    return (*groups, n, ceil_div(kb, 4)), (*groups, *sf1)
+    per_word = utils.ue8m0_word(s.device)[1]
+    sf1 = (ceil_div(nb, per_word), k) if transpose else (k, ceil_div(nb, per_word))
+    return (*groups, n, ceil_div(kb, per_word)), (*groups, *sf1)
 
 
 def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
@@ -71,14 +76,19 @@ def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
 
 
 def _pack_rows(blocks: torch.Tensor, bs: int, out: torch.Tensor) -> torch.Tensor:
-    """blocks (G, R, C) exponent bytes -> out (G, R*bs, ceil(C/4)) packed words, rows repeated bs times."""
+    """blocks (G, R, C) exponent bytes -> out (G, R*bs, ceil(C/n)) packed words of n bytes (out's
+    dtype: int32, or int16 on an NPU), rows repeated bs times."""
     g, r, c = blocks.shape
-    words = ceil_div(c, 4)
-    padded = torch.zeros((g, r, 4 * words), dtype=torch.int64, device=blocks.device)
+    per_word = 2 if out.dtype == torch.int16 else 4
+    words = ceil_div(c, per_word)
+    padded = torch.zeros((g, r, per_word * words), dtype=torch.int64, device=blocks.device)
     padded[:, :, :c] = blocks
-    p = padded.view(g, r, words, 4)
-    word = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16) | (p[..., 3] << 24)
-    word = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    p = padded.view(g, r, words, per_word)
+    word = p[..., 0]
+    for i in range(1, per_word):
+        word = word | (p[..., i] << (8 * i))
+    half = 2 ** (8 * per_word - 1)
+    word = torch.where(word >= half, word - 2 * half, word).to(out.dtype)
     out.copy_(word.repeat_interleave(bs, dim=1))
     return out
 
