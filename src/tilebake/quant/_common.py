@@ -89,6 +89,13 @@ def check_out_data(t, name: str, shape: tuple[int, int], dtype: torch.dtype, lik
         check_no_overlap(t, name)
 
 
+def quant_data_shape(fmt: str, num_tokens: int, hidden: int) -> tuple[tuple[int, int], torch.dtype]:
+    """The quantized data of (T, H) values: e4m3 (T, H), or e2m1 pairs packed in int8 (T, H / 2)."""
+    if fmt == "e2m1":
+        return (num_tokens, hidden // 2), torch.int8
+    return (num_tokens, hidden), torch.float8_e4m3fn
+
+
 def split_out(out, name: str = "out") -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """A cast op's `out=`: None, or a (data, sf) pair whose parts may each be None; the op then
     allocates those parts (as the original does: its own callers pass (data, None) when the SF

@@ -14,7 +14,6 @@ from typing import Optional
 import torch
 
 from tilebake import config
-from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
@@ -31,9 +30,11 @@ from tilebake.quant._common import (
     check_rows,
     check_sf_options,
     fill_out,
+    quant_data_shape,
     sf_layout,
     split_out,
 )
+from tilebake.quant._per_block_cast_compile import _compiled_path, register_ops
 from tilebake.utils import ceil_div
 
 BLOCK_SIZES = (32, 128)
@@ -126,12 +127,6 @@ def _check_flags(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0) -> No
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be a bool, got {value!r}")
     check_sf_options(round_sf, use_packed_ue8m0)
-
-
-def _data_shape(fmt: str, num_tokens: int, hidden: int) -> tuple[tuple[int, int], torch.dtype]:
-    if fmt == "e2m1":
-        return (num_tokens, hidden // 2), torch.int8
-    return (num_tokens, hidden), torch.float8_e4m3fn
 
 
 _KERNELS = KernelTable(PerBlockCastVariant)
@@ -243,7 +238,7 @@ def per_block_cast(
                 return result
     key, num_tokens, hidden = _prepare(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     _, _, bm, bk = key
-    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    shape, dtype = quant_data_shape(fmt, num_tokens, hidden)
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     col = use_tma_aligned_col_major_sf
     data, sf = split_out(out)
@@ -253,12 +248,12 @@ def per_block_cast(
         _check_out_sf(sf, "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, x, col)
     if torch.compiler.is_compiling():
         return _compiled_path(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0, data, sf)
-    if x.device.type == "npu" and data is None and sf is None:  # the Ascend kernels where they apply
+    if x.device.type == "npu":  # the Ascend kernels where they apply; given outputs filled after
         from tilebake.quant import _per_block_cast_ascend
 
         result = _per_block_cast_ascend.per_block_cast(x, fmt, (bm, bk), col, round_sf, use_packed_ue8m0)
         if result is not None:
-            return result
+            return fill_out(result, data, sf)
     if not x.is_cuda:  # the slow path: the reference builds the same layouts itself
         return fill_out(_reference(x, fmt, bm, bk, col, round_sf, use_packed_ue8m0), data, sf)
     given = data is not None and sf is not None
@@ -302,14 +297,14 @@ def per_block_cast_with_sf_only(
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     if out_sf is not None:
         _check_out_sf(out_sf, "out_sf", num_row_blocks, num_groups, use_packed_ue8m0, x, use_tma_aligned_col_major_sf)
-    if x.device.type == "npu" and out_sf is None:  # the Ascend kernels where they apply
+    if x.device.type == "npu":  # the Ascend kernels where they apply; a given out_sf filled after
         from tilebake.quant import _per_block_cast_ascend
 
         result = _per_block_cast_ascend.per_block_cast(
             x, fmt, (bm, bk), use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, store_data=False
         )
         if result is not None:
-            return result[1]
+            return result[1] if out_sf is None else out_sf.copy_(result[1])
     if not x.is_cuda:
         sf = _reference(x, fmt, bm, bk, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
         return sf if out_sf is None else out_sf.copy_(sf)
@@ -362,15 +357,15 @@ def per_block_cast_with_precomputed_sf(
     _, _, bm, bk = key
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
     check_out_sf(sf, "sf", num_row_blocks, num_groups, False, x)
-    shape, dtype = _data_shape(fmt, num_tokens, hidden)
+    shape, dtype = quant_data_shape(fmt, num_tokens, hidden)
     if out is not None:
         check_out_data(out, "out", shape, dtype, x)
-    if x.device.type == "npu" and out is None:  # the Ascend kernel where it applies
+    if x.device.type == "npu":  # the Ascend kernel where it applies; a given out filled after
         from tilebake.quant import _per_block_cast_ascend
 
         data = _per_block_cast_ascend.with_precomputed_sf(x, fmt, (bm, bk), sf)
         if data is not None:
-            return data
+            return data if out is None else out.copy_(data)
     if not x.is_cuda:
         from tilebake.torch.cast import cast_with_precomputed_sf
 
@@ -389,53 +384,6 @@ def per_block_cast_with_precomputed_sf(
     return data
 
 
-# --- torch.library: lets torch.compile(fullgraph=True) trace per_block_cast; eager calls skip it ---
-
-
-def _op_impl(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
-    data, sf = per_block_cast(x, fmt, (bm, bk), col_major_sf, round_sf, packed_ue8m0)
-    return data, sf
-
-
-def _op_out_impl(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
-    per_block_cast(x, fmt, (bm, bk), round_sf=round_sf, use_packed_ue8m0=packed_ue8m0, out=(out_data, out_sf))
-
-
-def _meta(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0):
-    num_tokens, hidden = x.shape
-    shape, dtype = _data_shape(fmt, num_tokens, hidden)
-    sf = alloc_sf(x, ceil_div(num_tokens, bm), ceil_div(hidden, bk), packed_ue8m0, col_major_sf)
-    return x.new_empty(shape, dtype=dtype), sf
-
-
-def _meta_out(x, fmt, bm, bk, round_sf, packed_ue8m0, out_data, out_sf):
-    return None
-
-
-def _compiled_path(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0, data, sf):
-    """Traced: the functional op, or with any part of out= given, the missing part allocated (as
-    eager mode lays it out) and both written by the mutating op."""
-    if data is None and sf is None:
-        return torch.ops.tilebake.per_block_cast(x, fmt, bm, bk, col_major_sf, round_sf, packed_ue8m0)
-    num_tokens, hidden = x.shape
-    if data is None:
-        shape, dtype = _data_shape(fmt, num_tokens, hidden)
-        data = x.new_empty(shape, dtype=dtype)
-    if sf is None:
-        sf = alloc_sf(x, ceil_div(num_tokens, bm), ceil_div(hidden, bk), packed_ue8m0, col_major_sf)
-    torch.ops.tilebake.per_block_cast_out(x, fmt, bm, bk, round_sf, packed_ue8m0, data, sf)
-    return data, sf
-
-
-register(
-    "per_block_cast(Tensor x, str fmt, int bm, int bk, bool col_major_sf, bool round_sf, bool packed_ue8m0)"
-    " -> (Tensor, Tensor)",
-    _op_impl,
-    _meta,
-)
-register(
-    "per_block_cast_out(Tensor x, str fmt, int bm, int bk, bool round_sf, bool packed_ue8m0,"
-    " Tensor(a!) out_data, Tensor(b!) out_sf) -> ()",
-    _op_out_impl,
-    _meta_out,
-)
+# torch.library: the ops torch.compile traces, registered with the function they run; the
+# traced call: _per_block_cast_compile.py.
+register_ops(per_block_cast)

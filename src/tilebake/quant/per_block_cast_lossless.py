@@ -29,6 +29,7 @@ from tilebake.quant._common import (
     check_out_data,
     check_out_sf,
     check_rows,
+    fill_out,
 )
 from tilebake.utils import ceil_div, is_power_of_two
 
@@ -187,14 +188,6 @@ def per_block_cast_lossless(
         raise TypeError(f"x[0] must be int8 (packed e2m1 pairs), got {data.dtype}")
     num_tokens, half = check_rows(data, "x[0]", hidden_multiple=16)
     hidden = 2 * half
-    if data.device.type == "npu" and out is None:  # the Ascend kernels where they apply (int16 UE8M0 SFs)
-        from tilebake.quant import _per_block_cast_lossless_ascend as ascend_path
-
-        result = ascend_path.per_block_cast_lossless(
-            data, sf_in, (bm_in, bk_in), (bm, bk), use_tma_aligned_col_major_sf, use_packed_ue8m0, check
-        )
-        if result is not None:
-            return result
     in_packed = sf_in.dtype == utils.ue8m0_word(data.device)[0]  # int16 on an NPU
     check_out_sf(sf_in, "x[1]", ceil_div(num_tokens, bm_in), ceil_div(hidden, bk_in), in_packed, data)
     num_row_blocks, num_groups = ceil_div(num_tokens, bm), ceil_div(hidden, bk)
@@ -207,6 +200,14 @@ def per_block_cast_lossless(
             check_out_data(out_data, "out[0]", (num_tokens, hidden), torch.float8_e4m3fn, data)
         if out_sf is not None:
             check_out_sf(out_sf, "out[1]", num_row_blocks, num_groups, use_packed_ue8m0, data)
+    if data.device.type == "npu":  # the Ascend kernels where they apply (int16 UE8M0 SFs); given outputs filled after
+        from tilebake.quant import _per_block_cast_lossless_ascend as ascend_path
+
+        result = ascend_path.per_block_cast_lossless(
+            data, sf_in, (bm_in, bk_in), (bm, bk), use_tma_aligned_col_major_sf, use_packed_ue8m0, check
+        )
+        if result is not None:
+            return fill_out(result, out_data, out_sf)
 
     if not data.is_cuda:  # the slow path: the reference (raises on a block it cannot cast exactly)
         from tilebake.torch import per_block_cast_lossless as reference
