@@ -16,7 +16,6 @@ from typing import Optional
 import torch
 
 from tilebake import config
-from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
@@ -33,6 +32,7 @@ from tilebake.quant._common import (
     check_sf_options,
     sf_strides_for_kernel,
 )
+from tilebake.quant._swiglu_compile import register_backward_ops
 from tilebake.quant._swiglu_forward_plans import bools
 from tilebake.quant.swiglu_forward import (
     SWIGLU_NUM_PER_CHANNELS,
@@ -393,61 +393,5 @@ def swiglu_backward_and_per_token_cast(
     return _results(x_grad, (q, sf), weight_grad, act_out, topk_weights, do_recompute)
 
 
-# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
-# The ops always return weight_grad and act_out (empty when not asked for), so their schemas
-# have a fixed arity; the public functions drop them again.
-
-
-def _fill_optional(outs: tuple, g: torch.Tensor, topk_weights, do_recompute) -> tuple:
-    """(weight_grad, act_out) from a public result's tail, fresh empty tensors where absent."""
-    outs = list(outs)
-    act_out = outs.pop() if do_recompute else g.new_empty((0, g.shape[1]))
-    weight_grad = outs.pop() if topk_weights is not None else g.new_empty((0,), dtype=torch.float32)
-    return weight_grad, act_out
-
-
-def _op_impl(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
-    outs = swiglu_backward(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute)
-    return (outs[0], *_fill_optional(outs[1:], g, topk_weights, do_recompute))
-
-
-def _op_cast_impl(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
-    outs = swiglu_backward_and_per_token_cast(
-        (data, x_sf), g, "e4m3", npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute
-    )
-    return (outs[0], *outs[1], *_fill_optional(outs[2:], g, topk_weights, do_recompute))
-
-
-# Shape functions as Meta kernels (what torch.compile's fake tensors run).
-def _meta_optional(g, topk_weights, do_recompute):
-    num_tokens, hidden = g.shape
-    weight_grad = g.new_empty((num_tokens if topk_weights is not None else 0,), dtype=torch.float32)
-    return weight_grad, g.new_empty((num_tokens if do_recompute else 0, hidden))
-
-
-def _meta(x, g, fmt, psum, topk_weights, scale, clamp, do_recompute):
-    x_grad = g.new_empty((g.shape[0], 2 * g.shape[1]), dtype=FLOAT_DTYPES[fmt])
-    return (x_grad, *_meta_optional(g, topk_weights, do_recompute))
-
-
-def _meta_cast(data, x_sf, g, npc, psum, topk_weights, scale, col, round_sf, packed, clamp, do_recompute):
-    num_tokens, width = data.shape
-    x_grad = g.new_empty((num_tokens, width), dtype=torch.bfloat16)
-    q = data.new_empty((num_tokens, width))
-    sf = alloc_sf(data, num_tokens, width // npc, packed, col)
-    return (x_grad, q, sf, *_meta_optional(g, topk_weights, do_recompute))
-
-
-register(
-    "swiglu_backward(Tensor x, Tensor act_x_grad, str fmt, Tensor? psum, Tensor? topk_weights,"
-    " float? routed_scaling_factor, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor)",
-    _op_impl,
-    _meta,
-)
-register(
-    "swiglu_backward_and_per_token_cast(Tensor x_data, Tensor x_sf, Tensor act_x_grad, int num_per_channels,"
-    " Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor, bool col_major_sf, bool round_sf,"
-    " bool packed_ue8m0, float? clamp_value, bool do_recompute) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    _op_cast_impl,
-    _meta_cast,
-)
+# torch.library: the ops torch.compile traces (_swiglu_compile.py), run by these functions.
+register_backward_ops(swiglu_backward, swiglu_backward_and_per_token_cast)

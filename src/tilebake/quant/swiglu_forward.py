@@ -17,7 +17,6 @@ from typing import Optional
 import torch
 
 from tilebake import config
-from tilebake._library import register
 from tilebake._runtime import plan
 from tilebake._runtime.loader import KernelTable
 from tilebake._variants import ASCEND_VEC_CORES, Variant, f32, i32, ptr
@@ -34,6 +33,7 @@ from tilebake.quant._common import (
     check_sf_options,
     sf_strides_for_kernel,
 )
+from tilebake.quant._swiglu_compile import register_forward_ops
 from tilebake.utils import ceil_div
 
 SWIGLU_NUM_PER_CHANNELS = (32, 128)
@@ -404,40 +404,5 @@ def swiglu_forward_and_per_token_cast(
     return data, sf
 
 
-# --- torch.library: lets torch.compile(fullgraph=True) trace the ops; eager calls skip it ---
-
-
-def _op_impl(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
-    return swiglu_forward(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count)
-
-
-def _op_cast_impl(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
-    return swiglu_forward_and_per_token_cast(
-        x, "e4m3", npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count
-    )
-
-
-# Shape functions as Meta kernels (what torch.compile's fake tensors run).
-def _meta(x, fmt, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
-    return x.new_empty((x.shape[0], x.shape[1] // 2), dtype=FLOAT_DTYPES[fmt])
-
-
-def _meta_cast(x, npc, psum, topk_weights, scale, col_major_sf, round_sf, packed, clamp_value, clamped_count):
-    num_tokens, hidden = x.shape[0], x.shape[1] // 2
-    data = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
-    return data, alloc_sf(x, num_tokens, ceil_div(hidden, npc), packed, col_major_sf)
-
-
-register(
-    "swiglu_forward(Tensor x, str fmt, Tensor? psum, Tensor? topk_weights, float? routed_scaling_factor,"
-    " float? clamp_value, Tensor(a!)? clamped_count) -> Tensor",
-    _op_impl,
-    _meta,
-)
-register(
-    "swiglu_forward_and_per_token_cast(Tensor x, int num_per_channels, Tensor? psum, Tensor? topk_weights,"
-    " float? routed_scaling_factor, bool col_major_sf, bool round_sf, bool packed_ue8m0, float? clamp_value,"
-    " Tensor(a!)? clamped_count) -> (Tensor, Tensor)",
-    _op_cast_impl,
-    _meta_cast,
-)
+# torch.library: the ops torch.compile traces (_swiglu_compile.py), run by these functions.
+register_forward_ops(swiglu_forward, swiglu_forward_and_per_token_cast)
