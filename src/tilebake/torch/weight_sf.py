@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from tilebake import utils
+from tilebake.torch.cast_formats import pack_ue8m0
 from tilebake.utils import ceil_div
 
 __all__ = ["batched_transpose_weight_sf", "weight_sf_layout", "sf1_layout", "sf_shapes"]
@@ -76,20 +77,12 @@ def check_power_of_two_scales(sf: torch.Tensor, name: str) -> None:
 
 
 def _pack_rows(blocks: torch.Tensor, bs: int, out: torch.Tensor) -> torch.Tensor:
-    """blocks (G, R, C) exponent bytes -> out (G, R*bs, ceil(C/n)) packed words of n bytes (out's
-    dtype: int32, or int16 on an NPU), rows repeated bs times."""
+    """blocks (G, R, C) exponent bytes -> out (G, R*bs, ceil(C/n)) words of n bytes (cast_formats.
+    pack_ue8m0: int32 of four, or int16 of two on an NPU), rows repeated bs times."""
     g, r, c = blocks.shape
-    per_word = 2 if out.dtype == torch.int16 else 4
-    words = ceil_div(c, per_word)
-    padded = torch.zeros((g, r, per_word * words), dtype=torch.int64, device=blocks.device)
-    padded[:, :, :c] = blocks
-    p = padded.view(g, r, words, per_word)
-    word = p[..., 0]
-    for i in range(1, per_word):
-        word = word | (p[..., i] << (8 * i))
-    half = 2 ** (8 * per_word - 1)
-    word = torch.where(word >= half, word - 2 * half, word).to(out.dtype)
-    out.copy_(word.repeat_interleave(bs, dim=1))
+    words = pack_ue8m0(blocks.reshape(g * r, c))
+    words = words.view(g, r, words.shape[1])
+    out.copy_(words.repeat_interleave(bs, dim=1))
     return out
 
 
