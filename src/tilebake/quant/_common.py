@@ -185,13 +185,19 @@ def _explain_tensor(t, name: str, shape, dtype: torch.dtype, like: torch.Tensor)
     raise ValueError(f"{name} must be on {like.device}, got {t.device}")
 
 
-def sf_layout(num_groups: int, use_packed_ue8m0: bool, like: Optional[torch.Tensor] = None) -> tuple[torch.dtype, int]:
+def sf_layout(num_groups: int, use_packed_ue8m0: bool, like: torch.Tensor) -> tuple[torch.dtype, int]:
     """SF dtype and column count on `like`'s device: fp32 per group, or packed UE8M0 words (int32
     of 4 bytes; on an NPU int16 of 2, the original's Ascend packing)."""
     if not use_packed_ue8m0:
         return torch.float32, num_groups
-    dtype, per_word = utils.ue8m0_word(like.device) if like is not None else (torch.int32, 4)
+    dtype, per_word = utils.ue8m0_word(like.device)
     return dtype, ceil_div(num_groups, per_word)
+
+
+def col_major_rows(like: torch.Tensor, rows: int, element_size: int) -> int:
+    """The row count a column-major SF of `rows` rows is allocated with: padded to 16 bytes for
+    TMA, or as is on an NPU (the original's Ascend layout)."""
+    return rows if utils.npu_layouts(like.device) else align(rows, 16 // element_size)
 
 
 def alloc_sf(
@@ -200,9 +206,8 @@ def alloc_sf(
     """Scale factors on `like`'s device."""
     dtype, cols = sf_layout(num_groups, use_packed_ue8m0, like)
     if col_major:
-        # TMA-aligned: column-major, the token dim padded to 16 bytes (4 x 4-byte scales),
-        # handed out as a (T, cols) view with stride (1, padded T); unpadded on an NPU.
-        padded = num_tokens if utils.npu_layouts(like.device) else align(num_tokens, 4)
+        # column-major, handed out as a (T, cols) view with stride (1, padded T)
+        padded = col_major_rows(like, num_tokens, 4)
         return like.new_empty_strided((padded, cols), (1, padded), dtype=dtype)[:num_tokens]
     return like.new_empty((num_tokens, cols), dtype=dtype)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tilebake import utils
-from tilebake import config
+from tilebake import config, utils
 from tilebake._runtime import plan
 from tilebake.quant import _cast_plans as plans
 from tilebake.quant._common import (
@@ -24,12 +23,13 @@ from tilebake.quant._common import (
     check_packed_rows,
     check_rows,
     check_sf_options,
+    col_major_rows,
     fill_out,
     sf_layout,
     sf_strides_for_kernel,
     split_out,
 )
-from tilebake.utils import align, ceil_div
+from tilebake.utils import ceil_div
 
 FMTS = ("e4m3", "e2m1")
 
@@ -78,8 +78,8 @@ def _sf_dtype_and_cols(num_groups: int, sf_mode: int, like) -> tuple[torch.dtype
 def _alloc_any_sf(like, num_tokens: int, num_groups: int, sf_mode: int, col_major: bool) -> torch.Tensor:
     if sf_mode != SF_E4M3:
         return alloc_sf(like, num_tokens, num_groups, sf_mode == SF_UE8M0, col_major)
-    if col_major:  # the token dim padded to 16 bytes = 16 e4m3 scales (not on an NPU)
-        padded = num_tokens if utils.npu_layouts(like.device) else align(num_tokens, 16)
+    if col_major:
+        padded = col_major_rows(like, num_tokens, 1)
         return like.new_empty_strided((padded, num_groups), (1, padded), dtype=torch.float8_e4m3fn)[:num_tokens]
     return like.new_empty((num_tokens, num_groups), dtype=torch.float8_e4m3fn)
 
@@ -172,7 +172,7 @@ def _parse_x(x, x_block_size):
     else:
         raise TypeError(f"x[0] (the data) must be float8_e4m3fn or int8 (packed e2m1), got {data.dtype}")
     packed, per_word = utils.ue8m0_word(data.device)  # int32 of 4 bytes; on an NPU int16 of 2
-    kind = X_SF_UE8M0 if x_sf.dtype == packed else _X_SF_KINDS.get(x_sf.dtype) if x_sf.dtype != torch.int32 else None
+    kind = {torch.float32: X_SF_FP32, packed: X_SF_UE8M0, torch.float8_e4m3fn: X_SF_E4M3}.get(x_sf.dtype)
     if kind is None:
         raise TypeError(f"x[1] (the SF) must be float32, {packed} (packed UE8M0) or float8_e4m3fn, got {x_sf.dtype}")
     sf_rows, sf_cols = ceil_div(num_tokens, block_m), ceil_div(hidden, block_k)

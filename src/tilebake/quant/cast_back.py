@@ -93,7 +93,7 @@ def _check_sf(sf, data, num_tokens, hidden, block_m, block_k) -> str:
     if not isinstance(sf, torch.Tensor):
         raise TypeError(f"x[1] must be a torch.Tensor, got {type(sf).__name__}")
     packed, per_word = utils.ue8m0_word(data.device)  # int32 of 4 bytes; on an NPU int16 of 2
-    sf_kind = "ue8m0" if sf.dtype == packed else _SF_KINDS.get(sf.dtype) if sf.dtype != torch.int32 else None
+    sf_kind = {torch.float32: "fp32", torch.float8_e4m3fn: "e4m3", packed: "ue8m0"}.get(sf.dtype)
     if sf_kind is None:
         raise TypeError(f"x[1] must be torch.float32, torch.float8_e4m3fn or {packed} (packed UE8M0 on "
                         f"{data.device.type}), got {sf.dtype}")  # fmt: skip

@@ -15,7 +15,6 @@ from typing import Optional
 
 import torch
 
-from tilebake import utils
 from tilebake import config
 from tilebake._library import register
 from tilebake._runtime import plan
@@ -29,6 +28,7 @@ from tilebake.quant._common import (
     check_fmt,
     check_out_sf_layout,
     check_sf_options,
+    col_major_rows,
     sf_layout,
     split_out,
 )
@@ -110,7 +110,7 @@ def _alloc_sf_rows(x: torch.Tensor, num_groups: int, packed: bool, col_major: bo
     batch, num_tokens = x.shape[:2]
     dtype, cols = sf_layout(num_groups, packed, x)
     if col_major:
-        padded = num_tokens if utils.npu_layouts(x.device) else align(num_tokens, 4)  # Ascend: unpadded
+        padded = col_major_rows(x, num_tokens, 4)
         return x.new_empty((batch, cols, padded), dtype=dtype).transpose(1, 2)[:, :num_tokens]
     return x.new_empty((batch, num_tokens, cols), dtype=dtype)
 

@@ -23,7 +23,6 @@ from tilebake.utils import FMT_MAX, ceil_div
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 _E4M3 = torch.float8_e4m3fn
-_PACKED_BYTES = {torch.int32: 4, torch.int16: 2}  # packed UE8M0 words: bytes a word
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +182,7 @@ def unpack_ue8m0(words: torch.Tensor, n: int, along_m: bool = False) -> torch.Te
     the packed dim."""
     if along_m:
         return unpack_ue8m0(words.t(), n, along_m=False).t().contiguous()
-    per = _PACKED_BYTES[words.dtype]
+    per = words.element_size()
     R, W = words.shape
     w = words.to(torch.int64) & ((1 << (8 * per)) - 1)
     shifts = torch.arange(0, 8 * per, 8, dtype=torch.int64, device=words.device)
